@@ -1,0 +1,171 @@
+"""The only module that touches vLLM internals. Every patch is listed in MANIFEST with why and when
+it can go; `install()` applies them and then checks that each took effect.
+
+vLLM 0.32 has no registry for speculative methods: `method` is a closed Literal, the V1 runner
+builds its drafter inline, and `dspark` is V2-only. So `method: "dspark"` reaches our proposer by
+(1) re-pointing the config at vLLM's DFlash plumbing (same parallel block, same aux hidden
+states) with our draft architecture, (2) keeping such engines on the V1 runner, and (3) replacing
+the runner's drafter with our subclass right after the runner is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import logging
+import os
+
+from vllm_specx import routing
+
+logger = logging.getLogger("vllm.specx")  # a child of "vllm": gets vLLM's handlers once configured
+
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) on (major, minor)
+_MARK = "_vllm_specx_patch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    target: str  # "module:Class.attr"
+    why: str
+    remove_when: str
+
+
+MANIFEST = [
+    Patch("vllm.config.speculative:SpeculativeConfig.__post_init__",
+          why="route method 'dspark' with a vllm-specx (or, on V1, speculators) DSpark draft to "
+              "vLLM's DFlash plumbing + our architecture, and check the draft against the target "
+              "before any engine starts; vLLM would rewrite the draft to DeepSeek-V4's DSpark",
+          remove_when="vLLM has a registry for speculative methods / proposers"),
+    Patch("vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features",
+          why="keep engines with vllm-specx drafts on the V1 runner, where our proposer runs; "
+              "vLLM then logs 'Model Runner V2 does not yet support vllm-specx drafts'",
+          remove_when="our proposers also implement the V2 speculator interface"),
+    Patch("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+          why="the V1 runner builds its drafter inline with no factory; swap in our proposer "
+              "(a DFlashProposer subclass, so every isinstance check in the runner still holds)",
+          remove_when="vLLM lets plugins supply the drafter (upstream plugin-proposer RFC)"),
+]
+
+
+def check_version(version: str) -> None:
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+    lo, hi = SUPPORTED_VLLM
+    if not lo <= parts < hi:
+        raise RuntimeError(
+            f"vllm-specx supports vLLM >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; found vLLM {version}. "
+            "Install a supported vLLM or a vllm-specx release made for yours.")
+
+
+def install() -> None:
+    import vllm
+    from vllm import ModelRegistry
+
+    check_version(vllm.__version__)
+    for route in routing.ROUTES.values():
+        # vLLM's EAGLEConfig renames draft archs to "DFlash<arch>" for method dflash: register both.
+        for arch in (route.arch, "DFlash" + route.arch):
+            if arch not in ModelRegistry.get_supported_archs():
+                ModelRegistry.register_model(arch, route.model_cls)
+    _wrap(MANIFEST[0], _speculative_post_init)
+    _wrap(MANIFEST[1], _v2_unsupported_features)
+    _wrap(MANIFEST[2], _runner_init)
+    for patch in MANIFEST:
+        if not getattr(_resolve(patch.target)[2], _MARK, False):
+            raise RuntimeError(f"vllm-specx: patch of {patch.target} did not take effect")
+
+
+def route_of(vllm_config) -> routing.Route | None:
+    """The vllm-specx route this engine's draft was given, or None."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    draft = getattr(spec, "draft_model_config", None)
+    name = getattr(getattr(draft, "hf_config", None), "specx_route", None)
+    return routing.ROUTES.get(name) if name else None
+
+
+def _resolve(target: str):
+    module, attr = target.split(":")
+    cls_name, fn_name = attr.split(".")
+    cls = getattr(importlib.import_module(module), cls_name)
+    return cls, fn_name, getattr(cls, fn_name)
+
+
+def _wrap(patch: Patch, make_wrapper) -> None:
+    cls, name, orig = _resolve(patch.target)
+    if getattr(orig, _MARK, False):
+        return  # already installed in this process
+    wrapper = functools.wraps(orig)(make_wrapper(orig))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+def _v2_would_run() -> bool:
+    import vllm.envs as envs
+    from vllm.triton_utils import HAS_TRITON
+
+    forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    return bool(forced) if forced is not None else bool(HAS_TRITON)
+
+
+def _speculative_post_init(orig):
+    def __post_init__(self):
+        choice = routing.choose(self.method, self.model, _v2_would_run())
+        if choice is None:
+            return orig(self)
+        route, cfg = choice
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = cfg.max_drafts
+        self.method = route.internal_method
+        orig(self)
+        _finish_route(self, route, cfg)
+
+    return __post_init__
+
+
+def _finish_route(spec, route: routing.Route, cfg) -> None:
+    """Point the draft config at our architecture and mirror our fields into the keys vLLM reads."""
+    from vllm_specx.checkpoint import check_tensors
+
+    target = spec.target_model_config.hf_config.get_text_config()
+    cfg.check_target({k: getattr(target, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+                     spec.num_speculative_tokens)
+    check_tensors(spec.model, cfg.expected_tensors())
+    hf = spec.draft_model_config.hf_config
+    hf.architectures = [route.arch]
+    hf.eagle_aux_hidden_state_layer_ids = cfg.aux_layer_ids
+    hf.target_hidden_size = cfg.target_hidden_size
+    hf.mask_token_id = cfg.mask_token_id
+    hf.dflash_config = {**(getattr(hf, "dflash_config", None) or {}),
+                        "mask_token_id": cfg.mask_token_id, "causal": cfg.causal,
+                        "target_layer_ids": list(cfg.target_layer_ids), "use_aux_hidden_state": True}
+    hf.specx_route = route.user_method
+    hf.specx_dspark = dataclasses.asdict(cfg)
+    spec.update_arch_()
+    logger.info("vllm-specx: method %r with draft %s -> %s (%s format, %d drafts per pass)",
+                route.user_method, spec.model, route.proposer_cls, cfg.source_format,
+                spec.num_speculative_tokens)
+
+
+def _v2_unsupported_features(orig):
+    def _get_v2_model_runner_unsupported_features(self):
+        unsupported = orig(self)
+        if route_of(self) is not None:
+            unsupported.append("vllm-specx drafts (their proposers run on the V1 runner)")
+        return unsupported
+
+    return _get_v2_model_runner_unsupported_features
+
+
+def _runner_init(orig):
+    def __init__(self, vllm_config, *args, **kwargs):
+        orig(self, vllm_config, *args, **kwargs)
+        route = route_of(vllm_config)
+        if route is None or getattr(self, "drafter", None) is None:
+            return
+        module, name = route.proposer_cls.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        self.drafter = cls(vllm_config, self.device, self)
+        logger.info("vllm-specx: %s runner drafter -> %s (pid %d)", type(self).__name__,
+                    cls.__name__, os.getpid())
+
+    return __init__

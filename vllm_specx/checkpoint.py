@@ -1,0 +1,66 @@
+"""Read and check draft checkpoints (safetensors) before vLLM starts loading them.
+
+vLLM's own loader fails late (inside a worker, after engine start) and with messages that name
+parameters, not files. These checks run in the front-end process while the speculative config is
+built, so a bad checkpoint fails in seconds with the file and tensor named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"draft checkpoint {path}: no *.safetensors file")
+    return files
+
+
+def read_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over every safetensors file in `path` (headers only)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as e:  # safetensors raises its own error types for bad headers
+            raise ValueError(f"corrupt safetensors file {file}: {e}") from e
+    return shapes
+
+
+def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]]) -> None:
+    """Raise ValueError naming the file and tensor on a missing tensor or a wrong shape."""
+    shapes = read_shapes(path)
+    missing = [n for n in expected if n not in shapes]
+    if missing:
+        raise ValueError(
+            f"draft checkpoint {path}: missing tensor(s) {missing[:5]}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    for name, shape in expected.items():
+        if shapes[name] != shape:
+            raise ValueError(
+                f"draft checkpoint {path}: tensor '{name}' has shape {list(shapes[name])}, "
+                f"expected {list(shape)} from config.json"
+            )
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+              str(Path(path) / "model.safetensors"))
