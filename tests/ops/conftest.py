@@ -1,0 +1,54 @@
+"""Fixtures for op tests: Triton kernels run on CPU through the interpreter when no GPU is present.
+
+TRITON_INTERPRET must be set before any `@triton.jit` function is created, so it is set here,
+at conftest import, before the test modules import the kernels (they import them lazily).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def gathered_scores(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """`scores [R, S]` at `idx [R, k]` (-1 -> -inf), sorted descending per row: the multiset a
+    top-k selection picked, comparable across implementations whatever their tie choices."""
+    vals = scores.float().gather(1, idx.clamp(min=0).long())
+    return torch.where(idx >= 0, vals, float("-inf")).sort(dim=1, descending=True).values
+
+
+def check_topk_sets(name: str, scores: torch.Tensor, ref: torch.Tensor, tri: torch.Tensor,
+                    atol: float) -> None:
+    """Top-k results agree as sets: same `-1` count per row, distinct in-range indices, and the
+    chosen scores (read from the same `scores [R, S]`) equal the reference's multiset within
+    `atol`. Near-ties may legitimately swap keys when the two sides computed scores differently."""
+    assert ref.shape == tri.shape, f"{name}: shape {tuple(tri.shape)} != {tuple(ref.shape)}"
+    assert torch.equal((ref < 0).sum(1), (tri < 0).sum(1)), f"{name}: -1 padding counts differ"
+    assert tri.numel() == 0 or int(tri.max()) < scores.shape[1], f"{name}: index out of range"
+    for row in tri:  # distinct indices per row
+        kept = row[row >= 0]
+        assert kept.unique().numel() == kept.numel(), f"{name}: duplicate index in {row.tolist()}"
+    a, b = gathered_scores(scores, ref), gathered_scores(scores, tri)
+    assert torch.isfinite(b).sum() == torch.isfinite(a).sum(), f"{name}: chose a masked key"
+    fin = torch.isfinite(a)
+    err = (a[fin] - b[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= atol, f"{name}: chosen-score multisets differ by {err:.3g} > {atol:.3g}"
+
+
+@pytest.fixture
+def topk_sets():
+    return check_topk_sets

@@ -1,0 +1,69 @@
+"""Small helpers shared by the op dispatchers and Triton launchers.
+
+Nothing here imports Triton at module level, so the dispatchers (and the references) import on
+machines without Triton. It is not a kernel library: kernels live in each op's `kernel.py`.
+"""
+
+import importlib.util
+import os
+
+import torch
+
+IMPLS = ("auto", "triton", "reference")
+
+
+def interpreter_mode() -> bool:
+    """True when Triton kernels run in the CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """Map `impl` ("auto" | "triton" | "reference") to the implementation to run on `device`.
+
+    `auto` picks Triton on CUDA (when Triton is installed) and the reference elsewhere; the
+    interpreter is opt-in through `impl="triton"` because it is orders of magnitude slower.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "reference"
+    if impl == "triton" and device.type != "cuda" and not interpreter_mode():
+        raise ValueError(
+            f"impl='triton' on device {device} needs TRITON_INTERPRET=1 (set before importing triton)"
+        )
+    return impl
+
+
+def check_tensor(
+    name: str,
+    t: torch.Tensor,
+    *,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device | None = None,
+    contiguous: bool = True,
+) -> None:
+    """Raise ValueError naming `name` unless `t` has the given rank, dtype, device and layout."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} dtype must be one of {dtypes}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
