@@ -1,0 +1,402 @@
+"""Triton DSA indexer: causal logits (varlen or paged K) and a fused logits -> top-k path.
+
+`_indexer_logits_kernel` treats the (query token, head) pairs of `BLOCK_T` tokens as the rows of
+one matrix product with a `[BLOCK_S, D]` key tile (all heads share one key: MQA), applies ReLU and
+the head weights, and sums over heads. One program handles `T_PER_PROG` tokens of one request, so
+each key tile is read once and reused by every token and head. The same kernel serves prefill
+(keys concatenated per request) and decode (keys in a paged cache), chosen by `PAGED`.
+
+The fused path never writes the `[T, S]` logits. It rests on one fact: if `G_max(j)` is the largest
+logit of key group `j` (G consecutive keys), the top-k keys of a row all lie in the top-k groups by
+`G_max` (each of the k best groups holds a key at least as large as the k-th best group max, so
+the k-th best key is too; with lowest-index tie breaking at both levels the sets agree exactly).
+So: (1) the logits kernel writes only group maxima `[T, S/G]`; (2) radix top-k picks k groups;
+(3) `_indexer_gather_kernel` recomputes the k*G candidate logits; (4) radix top-k picks k of them.
+Extra work is k*G recomputed keys per row, so it pays off once `S >> k*G` (see `choose_group`).
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_mode, next_pow2
+from vllm_specx.ops.topk.kernel import topk_triton
+
+_QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT = (torch.int32,)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """`a @ b` with fp32 accumulation.
+
+    UPCAST (set only under TRITON_INTERPRET): Triton 3.9's interpreter multiplies bf16 operands
+    as their raw uint16 bits. Upcasting first is exact (a bf16 x bf16 product fits in fp32), so
+    the interpreter still checks the maths the GPU's bf16 MMA does, up to summation order.
+    """
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _flat(x):
+    """`[A, B]` -> `[A * B]`, row-major."""
+    return tl.reshape(x, (x.shape[0] * x.shape[1],))
+
+
+@triton.jit
+def _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """Physical K row of request `b`'s local keys `s` (page lookup when PAGED)."""
+    if PAGED:
+        page = tl.load(bt_ptr + b * stride_bt + s // PAGE, mask=s_ok, other=0)
+        return page.to(tl.int64) * PAGE + s % PAGE
+    return tl.load(k_start_ptr + b).to(tl.int64) + s
+
+
+@triton.jit
+def _load_k_tile(k_ptr, ks_ptr, rows, s_ok, D, HAS_K_SCALE: tl.constexpr, D_PAD: tl.constexpr):
+    """`[BLOCK_S, D_PAD]` key tile (zeros where masked) and its `[BLOCK_S]` fp32 scale."""
+    d = tl.arange(0, D_PAD)
+    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :], other=0)
+    scale = tl.full(s_ok.shape, 1.0, tl.float32)
+    if HAS_K_SCALE:
+        scale = tl.load(ks_ptr + rows, mask=s_ok, other=0.0)
+    return k, scale
+
+
+@triton.jit
+def _indexer_logits_kernel(
+    q_ptr,  # [T, H, D] prepared queries, contiguous
+    w_ptr,  # [T, H] fp32 scaled head weights
+    k_ptr,  # flat [S_total, D] | paged [num_pages, PAGE, D]
+    ks_ptr,  # k_scale: flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
+    out_ptr,  # [T, n_out] fp32: logits (GROUP == 1) or max over each group of GROUP keys
+    cu_q_ptr,  # [B+1] int32 query offsets
+    k_start_ptr,  # [B+1] int32 key offsets (flat only)
+    kv_len_ptr,  # [B] int32 keys per request
+    bt_ptr,  # [B, max_pages] int32 block table (PAGED only)
+    stride_bt,
+    n_out,  # columns of out
+    H,
+    D,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_K_SCALE: tl.constexpr,
+    GROUP: tl.constexpr,
+    T_PER_PROG: tl.constexpr,  # tokens per program (multiple of BLOCK_T); they share key tiles
+    BLOCK_T: tl.constexpr,  # tokens per matrix product: its rows are BLOCK_T * H_PAD
+    BLOCK_S: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (match the reference; no tf32)
+    UPCAST: tl.constexpr,  # interpreter only, see _dot
+):
+    b, pid_t, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + b)
+    q_len = tl.load(cu_q_ptr + b + 1) - q_start
+    kv_len = tl.load(kv_len_ptr + b)
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # request-local key ids
+    s_ok = s < kv_len
+    k_tile, k_scale = _load_k_tile(
+        k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+        s_ok, D, HAS_K_SCALE, D_PAD,
+    )
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    for t0 in tl.static_range(0, T_PER_PROG, BLOCK_T):
+        t = pid_t * T_PER_PROG + t0 + tl.arange(0, BLOCK_T)  # request-local query ids
+        t_ok = t < q_len
+        pos = kv_len - q_len + t  # queries are the request's last q_len tokens
+        logits = tl.full((BLOCK_T, BLOCK_S), float("-inf"), tl.float32)
+        # Skip the maths for tiles entirely right of the causal edge (or past the request).
+        if (pid_t * T_PER_PROG + t0 < q_len) & (pid_s * BLOCK_S <= tl.max(tl.where(t_ok, pos, -1))):
+            row = (q_start + t).to(tl.int64)
+            qh_ok = t_ok[:, None] & (h < H)[None, :]
+            q = tl.load(
+                q_ptr + (row[:, None, None] * H + h[None, :, None]) * D + d[None, None, :],
+                mask=qh_ok[:, :, None] & (d < D)[None, None, :], other=0,
+            )
+            w = tl.load(w_ptr + row[:, None] * H + h[None, :], mask=qh_ok, other=0.0)
+            # [(t, h), d] @ [d, s]: every head of every token against the shared key tile.
+            qk = _dot(tl.reshape(q, (BLOCK_T * H_PAD, D_PAD)), tl.trans(k_tile), PRECISION, UPCAST)
+            qk = tl.maximum(qk, 0.0) * tl.reshape(w, (BLOCK_T * H_PAD,))[:, None]
+            scores = tl.sum(tl.reshape(qk, (BLOCK_T, H_PAD, BLOCK_S)), axis=1) * k_scale[None, :]
+            logits = tl.where(s[None, :] <= pos[:, None], scores, float("-inf"))
+        out_row = out_ptr + (q_start + t).to(tl.int64)[:, None] * n_out
+        if GROUP == 1:
+            tl.store(out_row + s[None, :], logits, mask=t_ok[:, None] & (s < n_out)[None, :])
+        else:
+            gmax = tl.max(tl.reshape(logits, (BLOCK_T, BLOCK_S // GROUP, GROUP)), axis=2)
+            g = pid_s * (BLOCK_S // GROUP) + tl.arange(0, BLOCK_S // GROUP)
+            tl.store(out_row + g[None, :], gmax, mask=t_ok[:, None] & (g < n_out)[None, :])
+
+
+@triton.jit
+def _indexer_gather_kernel(
+    q_ptr,  # [T, H, D]
+    w_ptr,  # [T, H] fp32
+    k_ptr,  # flat [S_total, D] | paged [num_pages, PAGE, D]
+    ks_ptr,  # flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
+    groups_ptr,  # [T, n_groups] int32 chosen group ids per row, ascending, -1 padded
+    row_req_ptr,  # [T] int32 request of each query row
+    row_pos_ptr,  # [T] int32 causal position of each query row
+    k_start_ptr,  # [B+1] int32 (flat only)
+    bt_ptr,  # [B, max_pages] int32 (PAGED only)
+    stride_bt,
+    cand_score_ptr,  # [T, n_groups * GROUP] fp32 candidate logits (-inf when masked)
+    cand_key_ptr,  # [T, n_groups * GROUP] int32 their request-local key ids (-1 when masked)
+    n_groups,
+    H,
+    D,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_K_SCALE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # groups per program: BLOCK_G * GROUP candidate keys
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    row, pid_g = tl.program_id(0), tl.program_id(1)
+    b = tl.load(row_req_ptr + row)
+    pos = tl.load(row_pos_ptr + row)
+    gi = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    grp = tl.load(groups_ptr + row.to(tl.int64) * n_groups + gi, mask=gi < n_groups, other=-1)
+    s = _flat(grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :])  # candidate key ids
+    s_ok = _flat(tl.broadcast_to((grp >= 0)[:, None], (BLOCK_G, GROUP))) & (s <= pos)
+    k_tile, k_scale = _load_k_tile(
+        k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+        s_ok, D, HAS_K_SCALE, D_PAD,
+    )
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    q = tl.load(q_ptr + (row.to(tl.int64) * H + h[:, None]) * D + d[None, :],
+                mask=(h < H)[:, None] & (d < D)[None, :], other=0)
+    w = tl.load(w_ptr + row.to(tl.int64) * H + h, mask=h < H, other=0.0)
+    qk = _dot(q, tl.trans(k_tile), PRECISION, UPCAST)  # [H_PAD, BLOCK_G * GROUP]
+    scores = tl.sum(tl.maximum(qk, 0.0) * w[:, None], axis=0) * k_scale
+    c = pid_g * (BLOCK_G * GROUP) + tl.arange(0, BLOCK_G * GROUP)  # candidate slots
+    c_ok = c < n_groups * GROUP
+    c += row.to(tl.int64) * (n_groups * GROUP)
+    tl.store(cand_score_ptr + c, tl.where(s_ok, scores, float("-inf")), mask=c_ok)
+    tl.store(cand_key_ptr + c, tl.where(s_ok, s, -1), mask=c_ok)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _check_qkw(q, k, weights, k_scale, *, q_ndim, k_ndim):
+    check_tensor("q", q, ndim=q_ndim, dtypes=_QK_DTYPES)
+    check_tensor("k", k, ndim=k_ndim, dtypes=(q.dtype,), device=q.device)
+    check_tensor("weights", weights, ndim=q_ndim - 1, dtypes=(torch.float32,), device=q.device)
+    check_shape("weights", weights, q.shape[:-1])
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k head dim {k.shape[-1]} != q head dim {q.shape[-1]}")
+    if k_scale is not None:
+        check_tensor("k_scale", k_scale, ndim=k_ndim - 1, dtypes=(torch.float32,), device=q.device)
+        check_shape("k_scale", k_scale, k.shape[:-1])
+
+
+def _dot_flags(dtype: torch.dtype) -> dict:
+    return dict(PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                UPCAST=interpreter_mode() and dtype != torch.float32)
+
+
+def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
+    """Block sizes: `BLOCK_T * H_PAD` rows per product (>= 16 for tensor cores, ~128 max)."""
+    h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
+    block_t = max(1, 128 // h_pad) if h_pad < 128 else 1
+    block_t = max(min(block_t, next_pow2(max(1, max_q_len))), -(-16 // h_pad))
+    t_per_prog = max(block_t, min(16, next_pow2(max(1, max_q_len))))
+    return h_pad, d_pad, block_t, t_per_prog, block_s or 64
+
+
+def _launch_logits(q, w, k, k_scale, out, cu_q, k_start, kv_len, block_table, *, max_q_len,
+                   group, page, block_s=None):
+    """Shared launch of `_indexer_logits_kernel` (q `[T, H, D]`, out `[T, n_out]`)."""
+    num_reqs = kv_len.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    h_pad, d_pad, block_t, t_per_prog, block_s = _tiles(num_heads, head_dim, max_q_len, block_s)
+    block_s = max(block_s, group)
+    key_cols = out.shape[1] * group  # keys covered by the output columns
+    grid = (num_reqs, triton.cdiv(max(max_q_len, 1), t_per_prog), triton.cdiv(key_cols, block_s))
+    if out.numel() == 0 or num_reqs == 0:
+        return out
+    paged = block_table is not None
+    dummy = kv_len  # stands in for pointers a constexpr branch never reads
+    _indexer_logits_kernel[grid](
+        q, w, k, k_scale if k_scale is not None else q, out, cu_q,
+        dummy if paged else k_start, kv_len, block_table if paged else dummy,
+        block_table.stride(0) if paged else 0, out.shape[1], num_heads, head_dim,
+        PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
+        T_PER_PROG=t_per_prog, BLOCK_T=block_t, BLOCK_S=block_s, H_PAD=h_pad, D_PAD=d_pad,
+        **_dot_flags(q.dtype),
+    )
+    return out
+
+
+def _check_varlen(q, cu_seqlens_q, cu_seqlens_k):
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_INT, device=q.device)
+    check_tensor("cu_seqlens_k", cu_seqlens_k, ndim=1, dtypes=_INT, device=q.device)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 1:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must both have shape [B+1]")
+
+
+def indexer_logits_prefill_triton(
+    q, k, weights, cu_seqlens_q, cu_seqlens_k, k_scale=None, *, max_q_len=None, max_kv_len=None,
+    block_s=None,
+):
+    """Triton twin of `indexer_logits_prefill_reference` (same args and output).
+
+    `max_q_len` / `max_kv_len` (longest query span / key span of any request) avoid a device sync
+    when given; `max_kv_len` is also the output width.
+    """
+    _check_qkw(q, k, weights, k_scale, q_ndim=3, k_ndim=2)
+    _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
+    q_lens, kv_lens = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+    max_q_len = int(q_lens.max()) if max_q_len is None and q_lens.numel() else (max_q_len or 0)
+    width = int(kv_lens.max()) if max_kv_len is None and kv_lens.numel() else (max_kv_len or 0)
+    out = torch.empty(q.shape[0], width, dtype=torch.float32, device=q.device)
+    return _launch_logits(q, weights, k, k_scale, out, cu_seqlens_q, cu_seqlens_k,
+                          kv_lens.int(), None, max_q_len=max_q_len, group=1, page=1,
+                          block_s=block_s)
+
+
+def _check_paged(q, k_cache, block_table, seq_lens):
+    check_tensor("block_table", block_table, ndim=2, dtypes=_INT, device=q.device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=_INT, device=q.device)
+    if block_table.shape[0] != q.shape[0] or seq_lens.shape[0] != q.shape[0]:
+        raise ValueError("block_table and seq_lens must have one row per request (q.shape[0])")
+    page = k_cache.shape[1]
+    if page & (page - 1):
+        raise ValueError(f"k_cache page size must be a power of two, got {page}")
+
+
+def _decode_offsets(q):
+    """cu_seqlens_q of a uniform `[B, N, ...]` batch: `[0, N, 2N, ...]` (no sync)."""
+    num_reqs, n = q.shape[0], q.shape[1]
+    return torch.arange(0, (num_reqs + 1) * n, n, dtype=torch.int32, device=q.device)
+
+
+def indexer_logits_decode_triton(
+    q, k_cache, weights, block_table, seq_lens, k_scale=None, max_seq_len=None, *, block_s=None
+):
+    """Triton twin of `indexer_logits_decode_reference` (same args and output)."""
+    _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
+    _check_paged(q, k_cache, block_table, seq_lens)
+    num_reqs, n = q.shape[:2]
+    width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
+    out = torch.empty(num_reqs * n, width, dtype=torch.float32, device=q.device)
+    _launch_logits(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, out,
+                   _decode_offsets(q), None, seq_lens, block_table, max_q_len=n, group=1,
+                   page=k_cache.shape[1], block_s=block_s)
+    return out.view(num_reqs, n, width)
+
+
+def choose_group(max_kv_len: int, topk: int) -> int:
+    """Keys per group for the fused path, or 0 when materialising the logits is cheaper.
+
+    Cost model per query row, in bytes (bf16 K, D = 128): materialised = write the S fp32
+    logits once and read them 6 times in radix top-k (~28 S). Fused = the same for S/G group
+    maxima (~28 S/G) plus recomputing k*G candidate keys (~288 B each: 256 B of K, 8 B written,
+    24 B read back). Minimising over G gives G = sqrt(28 S / (288 k)); fused wins at roughly
+    S > 64 k (128K keys for k = 2048). Unmeasured: tune on a GPU.
+    """
+    if max_kv_len <= 64 * topk:
+        return 0
+    g = math.sqrt(28 * max_kv_len / (288 * topk))
+    return int(min(64, max(4, next_pow2(round(g)))))
+
+
+def _row_meta(cu_q, kv_lens, num_rows):
+    """Request id and causal position of every query row, `[T]` int32 each (no device sync)."""
+    rows = torch.arange(num_rows, device=cu_q.device, dtype=torch.int32)
+    req = torch.searchsorted(cu_q[1:].contiguous(), rows, right=True).int()
+    q_lens = cu_q.diff()
+    pos = kv_lens[req] - q_lens[req] + (rows - cu_q[req])
+    return req.contiguous(), pos.int().contiguous()
+
+
+def _fused_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, max_q_len,
+                width, page, group, block_s=None):
+    """Steps (1)-(4) of the module docstring on flattened rows: q `[T, H, D]` -> `[T, topk]`."""
+    num_rows, num_heads, head_dim = q.shape
+    n_groups = triton.cdiv(width, group)
+    gmax = torch.empty(num_rows, n_groups, dtype=torch.float32, device=q.device)
+    _launch_logits(q, w, k, k_scale, gmax, cu_q, k_start, kv_lens, block_table,
+                   max_q_len=max_q_len, group=group, page=page, block_s=block_s)
+    groups = topk_triton(gmax, topk)  # [T, topk] ascending, -1 padded
+    req, pos = _row_meta(cu_q, kv_lens, num_rows)
+    cand = topk * group
+    cand_score = torch.empty(num_rows, cand, dtype=torch.float32, device=q.device)
+    cand_key = torch.empty(num_rows, cand, dtype=torch.int32, device=q.device)
+    h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
+    block_g = max(1, 64 // group)  # 64 candidate keys per program
+    paged = block_table is not None
+    if num_rows:
+        _indexer_gather_kernel[(num_rows, triton.cdiv(topk, block_g))](
+            q, w, k, k_scale if k_scale is not None else q, groups, req, pos,
+            kv_lens if paged else k_start, block_table if paged else kv_lens,
+            block_table.stride(0) if paged else 0, cand_score, cand_key, topk, num_heads,
+            head_dim, PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
+            BLOCK_G=block_g, H_PAD=h_pad, D_PAD=d_pad,
+            **_dot_flags(q.dtype),
+        )
+    # Candidates are in ascending key order, so positions map back to ascending keys.
+    best = topk_triton(cand_score, topk, lengths=None)
+    return torch.where(best >= 0, cand_key.gather(1, best.clamp(min=0).long()), -1)
+
+
+def _unfused_topk(logits, topk, pos):
+    """Materialised logits `[T, S]` -> `[T, topk]`; only the causal prefix `pos + 1` is scanned."""
+    return topk_triton(logits, topk, lengths=(pos + 1).int())
+
+
+def indexer_topk_prefill_triton(
+    q, k, weights, cu_seqlens_q, cu_seqlens_k, topk, k_scale=None, *, group=None,
+    max_q_len=None, max_kv_len=None, block_s=None,
+):
+    """Triton twin of `indexer_topk_prefill_reference`: `[T, topk]` int32, `-1` padded.
+
+    `group`: None picks with `choose_group`; 0 forces the materialised path; G > 0 forces the
+    fused path with G keys per group (a power of two).
+    """
+    _check_qkw(q, k, weights, k_scale, q_ndim=3, k_ndim=2)
+    _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
+    q_lens, kv_lens = cu_seqlens_q.diff(), cu_seqlens_k.diff().int()
+    max_q_len = int(q_lens.max()) if max_q_len is None and q_lens.numel() else (max_q_len or 0)
+    width = int(kv_lens.max()) if max_kv_len is None and kv_lens.numel() else (max_kv_len or 0)
+    group = choose_group(width, topk) if group is None else group
+    if group:
+        return _fused_topk(q, weights, k, k_scale, cu_seqlens_q, cu_seqlens_k, kv_lens, None,
+                           topk, max_q_len=max_q_len, width=width, page=1, group=group,
+                           block_s=block_s)
+    logits = indexer_logits_prefill_triton(q, k, weights, cu_seqlens_q, cu_seqlens_k, k_scale,
+                                           max_q_len=max_q_len, max_kv_len=width, block_s=block_s)
+    return _unfused_topk(logits, topk, _row_meta(cu_seqlens_q, kv_lens, q.shape[0])[1])
+
+
+def indexer_topk_decode_triton(
+    q, k_cache, weights, block_table, seq_lens, topk, k_scale=None, *, group=None,
+    max_seq_len=None, block_s=None,
+):
+    """Triton twin of `indexer_topk_decode_reference`: `[B, N, topk]` int32, `-1` padded."""
+    _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
+    _check_paged(q, k_cache, block_table, seq_lens)
+    num_reqs, n = q.shape[:2]
+    width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
+    group = choose_group(width, topk) if group is None else group
+    cu_q = _decode_offsets(q)
+    if group:
+        out = _fused_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, cu_q, None,
+                          seq_lens, block_table, topk, max_q_len=n, width=width,
+                          page=k_cache.shape[1], group=group, block_s=block_s)
+    else:
+        logits = indexer_logits_decode_triton(q, k_cache, weights, block_table, seq_lens,
+                                              k_scale, width, block_s=block_s)
+        out = _unfused_topk(logits.flatten(0, 1), topk, _row_meta(cu_q, seq_lens, num_rows=num_reqs * n)[1])
+    return out.view(num_reqs, n, topk)
