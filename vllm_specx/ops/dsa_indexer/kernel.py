@@ -106,7 +106,7 @@ def _indexer_logits_kernel(
     )
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
-    for t0 in tl.static_range(0, T_PER_PROG, BLOCK_T):
+    for t0 in range(0, T_PER_PROG, BLOCK_T):  # not unrolled: one token tile live at a time
         t = pid_t * T_PER_PROG + t0 + tl.arange(0, BLOCK_T)  # request-local query ids
         t_ok = t < q_len
         pos = kv_len - q_len + t  # queries are the request's last q_len tokens
@@ -209,7 +209,7 @@ def _dot_flags(dtype: torch.dtype) -> dict:
 def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
     """Block sizes: `BLOCK_T * H_PAD` rows per product (>= 16 for tensor cores, ~128 max)."""
     h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
-    block_t = max(1, 128 // h_pad) if h_pad < 128 else 1
+    block_t = max(1, 64 // h_pad)
     block_t = max(min(block_t, next_pow2(max(1, max_q_len))), -(-16 // h_pad))
     t_per_prog = max(block_t, min(16, next_pow2(max(1, max_q_len))))
     return h_pad, d_pad, block_t, t_per_prog, block_s or 64

@@ -1,0 +1,344 @@
+"""Benchmark the DSA indexer ops (decode, paged K) against their roofline and PyTorch baselines.
+
+Three ops, for every (context, batch, query tokens per request):
+  logits         `indexer_logits_decode`          vs the PyTorch reference
+  topk           radix top-k of the logits        vs `torch.topk` and the sort-based reference
+  indexer_topk   indexer -> top-k, materialised (G0) and fused (G>0) paths
+                 vs reference logits + `torch.topk` and the full reference
+
+For each it reports time, the bytes and FLOPs the op must touch (K read once per request, q, w,
+and its output), the roofline time max(bytes / copy bandwidth, FLOPs / matmul rate) with both
+rates measured here, the achieved fraction of that roofline and the speedups. Writes JSON (date,
+git sha, torch / Triton versions, GPU) and prints a table. Needs only torch and Triton, no vLLM.
+
+    python benchmarks/bench_dsa_indexer.py                   # GPU sweep, JSON under benchmarks/results/
+    python benchmarks/bench_dsa_indexer.py --smoke           # tiny CPU run, Triton interpreter
+    python benchmarks/bench_dsa_indexer.py --compile-only    # compile every kernel for sm_90, no GPU
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
+
+import torch  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny CPU config (Triton interpreter)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every kernel specialisation for --arch without a GPU")
+    p.add_argument("--arch", type=int, default=90, help="CUDA arch for --compile-only (90: H100/H200)")
+    p.add_argument("--compile-dtypes", default="bf16", help="q/k dtypes for --compile-only, e.g. bf16,fp32")
+    p.add_argument("--contexts", type=ints, default=[4096, 32768, 131072, 1048576])
+    p.add_argument("--batches", type=ints, default=[1, 8, 64])
+    p.add_argument("--next-n", type=ints, default=[1, 4, 8], help="query tokens per request")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--dtype", choices=DTYPES, default="bf16")
+    p.add_argument("--max-gb", type=float, default=60.0, help="skip configs needing more memory")
+    p.add_argument("--ref-max-elems", type=float, default=2**31,
+                   help="skip the PyTorch baselines above this many logits (B*N*ctx)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (GPU default: benchmarks/results/)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.contexts, args.batches, args.next_n = [256], [2], [1, 2]
+        args.heads, args.head_dim, args.topk, args.page_size = 4, 32, 16, 16
+    return args
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def bench(fn, device) -> float:
+    """Median milliseconds of `fn()`: CUDA events via Triton's do_bench on GPU, wall clock on CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    fn()  # warm up (and JIT)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[1]
+
+
+def measure_peaks(device, dtype) -> dict:
+    """Copy bandwidth (read + write bytes / s) and dense matmul rate (FLOP / s), measured here."""
+    big = device.type == "cuda"
+    n = (1 << 30) if big else (1 << 22)  # bytes per copy buffer: 1 GiB on GPU
+    src = torch.empty(n // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = bench(lambda: dst.copy_(src), device)
+    m = 8192 if big else 256
+    a = torch.randn(m, m, device=device).to(dtype)
+    b = torch.randn(m, m, device=device).to(dtype)
+    mm_ms = bench(lambda: a @ b, device)
+    return {"copy_bytes_per_s": 2 * n / (copy_ms * 1e-3), "matmul_flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
+
+
+def roofline_ms(bytes_, flops, peaks) -> float:
+    return 1e3 * max(bytes_ / peaks["copy_bytes_per_s"], flops / peaks["matmul_flops_per_s"])
+
+
+# --------------------------------------------------------------------------- one config
+
+
+def make_decode_inputs(ctx, batch, n, args, device):
+    """Paged decode batch: `batch` requests of `ctx` keys each (the last `n` are the new tokens)."""
+    dtype, page = DTYPES[args.dtype], args.page_size
+    pages_per_req = -(-ctx // page)
+    num_pages = batch * pages_per_req
+    k_cache = torch.randn(num_pages, page, args.head_dim, device=device).to(dtype)
+    # Shuffled pages: the kernel must follow the block table, as in a real paged cache.
+    block_table = torch.randperm(num_pages, device=device).view(batch, pages_per_req).int()
+    q = torch.randn(batch, n, args.heads, args.head_dim, device=device).to(dtype)
+    w = torch.randn(batch, n, args.heads, device=device) * (args.head_dim * args.heads) ** -0.5
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    return q, k_cache, w, block_table, seq_lens
+
+
+def op_costs(ctx, batch, n, args) -> dict:
+    """Bytes and FLOPs each op must touch, counting every input once and its output once."""
+    elt = DTYPES[args.dtype].itemsize
+    rows = batch * n
+    pairs = batch * sum(ctx - n + i + 1 for i in range(n))  # causal (query, key) pairs
+    flops = 2 * args.heads * args.head_dim * pairs  # q.k per head; ReLU / weights are O(H) less
+    inputs = batch * ctx * args.head_dim * elt + rows * args.heads * (args.head_dim * elt + 4)
+    logits = rows * ctx * 4
+    indices = rows * args.topk * 4
+    return {
+        "logits": (inputs + logits, flops),
+        "topk": (logits + indices, 0),
+        "indexer_topk": (inputs + indices, flops),
+    }
+
+
+def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
+    from vllm_specx.ops.dsa_indexer import kernel as K
+    from vllm_specx.ops.dsa_indexer import reference as R
+    from vllm_specx.ops.topk.kernel import topk_triton
+    from vllm_specx.ops.topk.reference import topk_reference
+
+    q, kc, w, bt, seq = make_decode_inputs(ctx, batch, n, args, device)
+    k = args.topk
+    costs = op_costs(ctx, batch, n, args)
+    with_ref = batch * n * ctx <= args.ref_max_elems
+    logits = K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx).flatten(0, 1)
+    lengths = (torch.arange(n, device=device).repeat(batch) + ctx - n + 1).int()
+    group = max(K.choose_group(ctx, k), 4)
+
+    def ref_logits():
+        return R.indexer_logits_decode_reference(q, kc, w, bt, seq).flatten(0, 1)
+
+    cases = [  # (op, variant, triton fn, {baseline name: fn})
+        ("logits", "triton", lambda: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx),
+         {"reference": ref_logits}),
+        ("topk", "radix", lambda: topk_triton(logits, k, lengths),
+         {"torch.topk": lambda: torch.topk(logits, min(k, ctx), dim=1),
+          "reference": lambda: topk_reference(logits, k, lengths)}),
+    ]
+    ref_topk = {"reference": lambda: topk_reference(ref_logits(), k),
+                "torch.topk": lambda: torch.topk(ref_logits(), min(k, ctx), dim=1)}
+    for g in (0, group):
+        cases.append(("indexer_topk", "materialised" if g == 0 else f"fused-G{g}",
+                      lambda g=g: K.indexer_topk_decode_triton(q, kc, w, bt, seq, k, group=g,
+                                                               max_seq_len=ctx),
+                      ref_topk))
+    results, baseline_ms = [], {}
+    for op, variant, fn, baselines in cases:
+        bytes_, flops = costs[op]
+        t = bench(fn, device)
+        row = {"op": op, "variant": variant, "context": ctx, "batch": batch, "next_n": n,
+               "time_ms": t, "bytes": bytes_, "flops": flops,
+               "roofline_ms": roofline_ms(bytes_, flops, peaks)}
+        row["roofline_fraction"] = row["roofline_ms"] / t
+        for name, base in baselines.items():
+            key = (op, name)
+            if with_ref and key not in baseline_ms:
+                baseline_ms[key] = bench(base, device)
+            row[f"{name}_ms"] = baseline_ms.get(key)
+            row[f"speedup_vs_{name}"] = baseline_ms[key] / t if key in baseline_ms else None
+        results.append(row)
+    del q, kc, w, bt, seq, logits
+    return results
+
+
+# --------------------------------------------------------------------------- report
+
+
+def provenance(device, peaks, args) -> dict:
+    import triton
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        sha = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": sha,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+        "peaks": peaks,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def table(results) -> str:
+    head = (f"{'op':<13}{'variant':<13}{'ctx':>8}{'B':>4}{'N':>3}{'ms':>10}{'roof ms':>10}"
+            f"{'%roof':>7}{'x ref':>8}{'x torch':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        ref, tor = r.get("speedup_vs_reference"), r.get("speedup_vs_torch.topk")
+        lines.append(
+            f"{r['op']:<13}{r['variant']:<13}{r['context']:>8}{r['batch']:>4}{r['next_n']:>3}"
+            f"{r['time_ms']:>10.3f}{r['roofline_ms']:>10.4f}{100 * r['roofline_fraction']:>6.1f}%"
+            f"{_fmt(ref):>8}{_fmt(tor):>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        if not args.smoke:
+            sys.exit("no GPU: run with --smoke (CPU, interpreter) or --compile-only")
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and triton.jit) are imported
+    torch.manual_seed(0)
+    peaks = measure_peaks(device, DTYPES[args.dtype])
+    results = []
+    for ctx in args.contexts:
+        for batch in args.batches:
+            need_gb = batch * ctx * args.head_dim * DTYPES[args.dtype].itemsize * 1.1 / 1e9
+            need_gb += 3 * batch * max(args.next_n) * ctx * 4 / 1e9  # logits (+ baselines)
+            if need_gb > args.max_gb:
+                print(f"skip ctx={ctx} batch={batch}: ~{need_gb:.0f} GB > --max-gb", file=sys.stderr)
+                continue
+            for n in args.next_n:
+                results += run_config(ctx, batch, n, args, peaks, device)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    report = {"meta": provenance(device, peaks, args), "results": results}
+    out = args.out
+    if out is None and not args.smoke:
+        stamp = datetime.date.today().isoformat()
+        gpu = report["meta"]["device"].replace(" ", "_")
+        out = REPO / "benchmarks" / "results" / f"dsa_indexer-{gpu}-{stamp}.json"
+    text = json.dumps(report, indent=1)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    else:
+        print(text)
+    print(table(results))
+    if out is not None:
+        print(f"wrote {out}")
+    return report
+
+
+# --------------------------------------------------------------------------- compile check
+
+
+def compile_only(args) -> dict:
+    """Compile every kernel specialisation the ops launch, for a real GPU target, on any machine.
+
+    The interpreter cannot catch what only the compiler sees (loop-carried types, layouts,
+    register pressure). Launches are recorded from CPU tensors instead of run, then each is
+    compiled with `triton.compile` for `cuda:<arch>` and its ptxas register / spill report kept.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("--compile-only needs TRITON_INTERPRET unset")
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+    JITFunction.__getitem__ = lambda self, grid: lambda *a, **kw: launches.append((self, a, kw))
+    from vllm_specx.ops.dsa_indexer import kernel as K
+
+    for dtype in args.compile_dtypes.split(","):
+        for ks in (False, True):
+            args.dtype = dtype
+            q, kc, w, bt, seq = make_decode_inputs(512, 2, 4, args, torch.device("cpu"))
+            k_scale = torch.rand(kc.shape[:2]) if ks else None
+            K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=0)
+            K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=8)
+            cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+            K.indexer_topk_prefill_triton(q.flatten(0, 1), kc.flatten(0, 1)[:600], w.flatten(0, 1),
+                                          cu, torch.tensor([0, 300, 600], dtype=torch.int32), 64,
+                                          group=8 if ks else 0)
+    ty = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+          torch.int32: "i32", torch.int64: "i64"}
+    target = GPUTarget("cuda", args.arch, 32)
+    ptxas = get_ptxas(args.arch).path
+    seen, report = set(), []
+    for fn, a, kw in launches:
+        sig, consts = {}, {}
+        for i, p in enumerate(fn.params):
+            v = kw[p.name] if p.name in kw else a[i]
+            if p.is_constexpr:
+                sig[p.name], consts[p.name] = "constexpr", v
+            else:
+                sig[p.name] = "*" + ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
+        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        t0 = time.perf_counter()
+        opts = {o: kw[o] for o in ("num_warps", "num_stages") if o in kw}
+        compiled = triton.compile(ASTSource(fn, sig, consts), target=target, options=opts)
+        seconds = time.perf_counter() - t0
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(compiled.asm["ptx"])
+            f.flush()
+            log = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{args.arch}a", f.name, "-o", os.devnull],
+                                 capture_output=True, text=True).stderr
+        regs = re.search(r"Used (\d+) registers", log)
+        spill = re.search(r"(\d+) bytes spill stores", log)
+        ptx = compiled.asm["ptx"]
+        mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
+        report.append({"kernel": fn.__name__, "constexprs": {k: str(v) for k, v in consts.items()},
+                       "tensor_core": mma,
+                       "registers": int(regs.group(1)) if regs else None,
+                       "spill_store_bytes": int(spill.group(1)) if spill else None,
+                       "shared_bytes": compiled.metadata.shared, "compile_s": round(seconds, 1)})
+        print(f"{fn.__name__:<24} {mma:<6} regs={report[-1]['registers']} spill={report[-1]['spill_store_bytes']}"
+              f" smem={compiled.metadata.shared} {seconds:.1f}s {dict(consts)}")
+    print(f"compiled {len(report)} specialisations for sm_{args.arch}")
+    return {"compiled": report}
+
+
+if __name__ == "__main__":
+    main()
