@@ -51,12 +51,27 @@ def _check_drafts_match_reference(llm, target, draft, prompt):
 def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, prompts,
                                                               nospec_outputs, fmt):
     draft = random_draft(target, anchor=(fmt == "specx"))
-    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N}
+    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
+            "draft_sample_method": "probabilistic" if fmt == "specx" else "greedy"}
     with T.cpu_llm(speculative_config=spec) as llm:
         assert llm.collective_rpc(T.drafter_class) == ["vllm_specx.proposers.dspark.DSparkProposer"]
         _check_drafts_match_reference(llm, target, draft, prompts[0])
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         metrics = T.spec_metrics(llm)
+        if fmt == "specx":
+            _check_draft_probs_reach_rejection_sampler(llm, prompts)
     assert outs == nospec_outputs  # greedy speculative decoding is lossless
     assert metrics["num_drafts"] > 0
     assert metrics["tau"] < 1.1  # a random head is (almost) never right
+
+
+def _check_draft_probs_reach_rejection_sampler(llm, prompts):
+    """With probabilistic drafting at T > 0 the sampled drafts' distributions reach vLLM's sampler."""
+    llm.collective_rpc(T.spy_rejection_sampler)
+    assert llm.collective_rpc(T.drafter_stats)[0]["probabilistic_calls"] == 0  # T=0 so far: greedy
+    llm.generate(prompts[:2], SamplingParams(temperature=0.8, max_tokens=8, seed=1))
+    assert llm.collective_rpc(T.drafter_stats)[0]["probabilistic_calls"] > 0
+    seen = llm.collective_rpc(T.read_rejection_spy)[0]
+    shapes = [s for s in seen if s is not None]
+    assert shapes, f"rejection sampler never received draft probabilities: {seen}"
+    assert all(s[0] > 0 and s[1] == 4096 for s in shapes)  # [num_draft_tokens, vocab]
