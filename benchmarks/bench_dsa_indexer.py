@@ -11,9 +11,9 @@ and its output), the roofline time max(bytes / copy bandwidth, FLOPs / matmul ra
 rates measured here, the achieved fraction of that roofline and the speedups. Writes JSON (date,
 git sha, torch / Triton versions, GPU) and prints a table. Needs only torch and Triton, no vLLM.
 
-    python benchmarks/bench_dsa_indexer.py                   # GPU sweep, JSON under benchmarks/results/
-    python benchmarks/bench_dsa_indexer.py --smoke           # tiny CPU run, Triton interpreter
-    python benchmarks/bench_dsa_indexer.py --compile-only    # compile every kernel for sm_90, no GPU
+    python benchmarks/bench_dsa_indexer.py                 # GPU sweep -> benchmarks/results/
+    python benchmarks/bench_dsa_indexer.py --smoke         # tiny CPU run, Triton interpreter
+    python benchmarks/bench_dsa_indexer.py --compile-only  # build every kernel for sm_90, no GPU
 """
 
 import argparse
@@ -40,8 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny CPU config (Triton interpreter)")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every kernel specialisation for --arch without a GPU")
-    p.add_argument("--arch", type=int, default=90, help="CUDA arch for --compile-only (90: H100/H200)")
-    p.add_argument("--compile-dtypes", default="bf16", help="q/k dtypes for --compile-only, e.g. bf16,fp32")
+    p.add_argument("--arch", type=int, default=90, help="--compile-only target (90: H100/H200)")
+    p.add_argument("--compile-dtypes", default="bf16", help="--compile-only q/k dtypes: bf16,fp32")
     p.add_argument("--contexts", type=ints, default=[4096, 32768, 131072, 1048576])
     p.add_argument("--batches", type=ints, default=[1, 8, 64])
     p.add_argument("--next-n", type=ints, default=[1, 4, 8], help="query tokens per request")
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--max-gb", type=float, default=60.0, help="skip configs needing more memory")
     p.add_argument("--ref-max-elems", type=float, default=2**31,
                    help="skip the PyTorch baselines above this many logits (B*N*ctx)")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (GPU default: benchmarks/results/)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (GPU: benchmarks/results/)")
     args = p.parse_args(argv)
     if args.smoke:
         args.contexts, args.batches, args.next_n = [256], [2], [1, 2]
@@ -65,7 +65,7 @@ def parse_args(argv=None):
 
 
 def bench(fn, device) -> float:
-    """Median milliseconds of `fn()`: CUDA events via Triton's do_bench on GPU, wall clock on CPU."""
+    """Median ms of `fn()`: CUDA events (Triton's do_bench) on GPU, wall clock on CPU."""
     if device.type == "cuda":
         import triton.testing
 
@@ -90,7 +90,8 @@ def measure_peaks(device, dtype) -> dict:
     a = torch.randn(m, m, device=device).to(dtype)
     b = torch.randn(m, m, device=device).to(dtype)
     mm_ms = bench(lambda: a @ b, device)
-    return {"copy_bytes_per_s": 2 * n / (copy_ms * 1e-3), "matmul_flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
+    return {"copy_bytes_per_s": 2 * n / (copy_ms * 1e-3),
+            "matmul_flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
 
 
 def roofline_ms(bytes_, flops, peaks) -> float:
@@ -148,7 +149,8 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
         return R.indexer_logits_decode_reference(q, kc, w, bt, seq).flatten(0, 1)
 
     cases = [  # (op, variant, triton fn, {baseline name: fn})
-        ("logits", "triton", lambda: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx),
+        ("logits", "triton",
+         lambda: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx),
          {"reference": ref_logits}),
         ("topk", "radix", lambda: topk_triton(logits, k, lengths),
          {"torch.topk": lambda: torch.topk(logits, min(k, ctx), dim=1),
@@ -197,7 +199,8 @@ def provenance(device, peaks, args) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "device": (torch.cuda.get_device_name() if device.type == "cuda"
+                   else platform.processor() or "cpu"),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
         "peaks": peaks,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -239,7 +242,8 @@ def main(argv=None) -> dict:
             need_gb = batch * ctx * args.head_dim * DTYPES[args.dtype].itemsize * 1.1 / 1e9
             need_gb += 3 * batch * max(args.next_n) * ctx * 4 / 1e9  # logits (+ baselines)
             if need_gb > args.max_gb:
-                print(f"skip ctx={ctx} batch={batch}: ~{need_gb:.0f} GB > --max-gb", file=sys.stderr)
+                print(f"skip ctx={ctx} batch={batch}: ~{need_gb:.0f} GB > --max-gb",
+                      file=sys.stderr)
                 continue
             for n in args.next_n:
                 results += run_config(ctx, batch, n, args, peaks, device)
@@ -323,8 +327,8 @@ def compile_only(args) -> dict:
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
             f.write(compiled.asm["ptx"])
             f.flush()
-            log = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{args.arch}a", f.name, "-o", os.devnull],
-                                 capture_output=True, text=True).stderr
+            cmd = [ptxas, "-v", f"--gpu-name=sm_{args.arch}a", f.name, "-o", os.devnull]
+            log = subprocess.run(cmd, capture_output=True, text=True).stderr
         regs = re.search(r"Used (\d+) registers", log)
         spill = re.search(r"(\d+) bytes spill stores", log)
         ptx = compiled.asm["ptx"]
@@ -334,8 +338,9 @@ def compile_only(args) -> dict:
                        "registers": int(regs.group(1)) if regs else None,
                        "spill_store_bytes": int(spill.group(1)) if spill else None,
                        "shared_bytes": compiled.metadata.shared, "compile_s": round(seconds, 1)})
-        print(f"{fn.__name__:<24} {mma:<6} regs={report[-1]['registers']} spill={report[-1]['spill_store_bytes']}"
-              f" smem={compiled.metadata.shared} {seconds:.1f}s {dict(consts)}")
+        r = report[-1]
+        print(f"{fn.__name__:<24} {mma:<6} regs={r['registers']} spill={r['spill_store_bytes']} "
+              f"smem={r['shared_bytes']} {seconds:.1f}s {dict(consts)}")
     print(f"compiled {len(report)} specialisations for sm_{args.arch}")
     return {"compiled": report}
 

@@ -68,7 +68,9 @@ DECODE = [  # (B, N, H, D, page, seq_lens, dtype, k_scale)
     (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True),  # N = 1 + 3 draft tokens, fp8-style k scale
     (2, 8, REAL["H"], REAL["D"], 64, [1000, 63], "bf16", False),
 ]
-DECODE_IDS = ["B{}-N{}-H{}-D{}-P{}-S{}-{}-kscale{}".format(*c[:5], max(c[5]), *c[6:]) for c in DECODE]
+DECODE_IDS = [
+    "B{}-N{}-H{}-D{}-P{}-S{}-{}-kscale{}".format(*c[:5], max(c[5]), *c[6:]) for c in DECODE
+]
 
 
 # --------------------------------------------------------------------------- logits
@@ -203,7 +205,9 @@ def test_launchers_validate(device):
     for name, override in cases:
         a = {**base, **override}
         with pytest.raises(ValueError, match=name):
-            kern.indexer_logits_prefill_triton(a["q"], a["k"], a["w"], a["cu_q"], a["cu_k"], a["ks"])
+            kern.indexer_logits_prefill_triton(
+                a["q"], a["k"], a["w"], a["cu_q"], a["cu_k"], a["ks"]
+            )
     qd, kc, wd, bt, seq, _ = _decode_inputs(2, 1, 2, 16, 16, [3, 9], "fp32", device)
     with pytest.raises(ValueError, match="block_table"):
         kern.indexer_logits_decode_triton(qd, kc, wd, bt.long(), seq)
@@ -247,8 +251,8 @@ def test_prepare_k_is_layernorm_then_rope():
     x, gamma, beta = torch.randn(S, D), torch.rand(D) + 0.5, torch.randn(D)
     cos, sin = R.rope_cos_sin(torch.arange(S), rope_dim)
     k = R.prepare_indexer_k(x, gamma, beta, cos, sin)
-    normed = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-6).sqrt()
-    normed = normed * gamma + beta
+    var = x.var(-1, unbiased=False, keepdim=True)
+    normed = (x - x.mean(-1, keepdim=True)) / (var + 1e-6).sqrt() * gamma + beta
     assert torch.allclose(k[:, rope_dim:], normed[:, rope_dim:], atol=1e-5)
     # Rotations preserve the norm of every (i, i + R/2) pair of the RoPE'd prefix.
     h = rope_dim // 2

@@ -1,1 +1,1 @@
-"""Custom ops: each folder pairs a pure-PyTorch `reference.py` (the spec) with a Triton `kernel.py`."""
+"""Custom ops: each folder pairs a PyTorch `reference.py` (the spec) with a Triton `kernel.py`."""

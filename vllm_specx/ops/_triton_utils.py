@@ -33,7 +33,8 @@ def resolve_impl(impl: str, device: torch.device) -> str:
         return "triton" if device.type == "cuda" and triton_available() else "reference"
     if impl == "triton" and device.type != "cuda" and not interpreter_mode():
         raise ValueError(
-            f"impl='triton' on device {device} needs TRITON_INTERPRET=1 (set before importing triton)"
+            f"impl='triton' on device {device} needs TRITON_INTERPRET=1 "
+            "(set before the kernels are imported)"
         )
     return impl
 

@@ -106,7 +106,8 @@ class IndexShareCache:
 
     Examples:
         >>> share = IndexShareCache()
-        >>> rows = share.get_or_compute(0, lambda: torch.tensor([[0, 1], [1, 2]]), torch.tensor([1]))
+        >>> step0 = lambda: torch.tensor([[0, 1], [1, 2]])  # [T=2, k=2], runs the indexer
+        >>> rows = share.get_or_compute(0, step0, keep_rows=torch.tensor([1]))
         >>> share.get_or_compute(1, lambda: 1 / 0)  # step 1 reuses step 0's last row
         tensor([[1, 2]])
     """

@@ -60,7 +60,8 @@ def _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED: tl.constexpr, P
 def _load_k_tile(k_ptr, ks_ptr, rows, s_ok, D, HAS_K_SCALE: tl.constexpr, D_PAD: tl.constexpr):
     """`[BLOCK_S, D_PAD]` key tile (zeros where masked) and its `[BLOCK_S]` fp32 scale."""
     d = tl.arange(0, D_PAD)
-    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :], other=0)
+    mask = s_ok[:, None] & (d < D)[None, :]
+    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0)
     scale = tl.full(s_ok.shape, 1.0, tl.float32)
     if HAS_K_SCALE:
         scale = tl.load(ks_ptr + rows, mask=s_ok, other=0.0)
@@ -207,7 +208,10 @@ def _dot_flags(dtype: torch.dtype) -> dict:
 
 
 def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
-    """Block sizes: `BLOCK_T * H_PAD` rows per product (>= 16 for tensor cores, ~128 max)."""
+    """Block sizes. `BLOCK_T * H_PAD` ~ 64 rows per product: one Hopper warpgroup MMA with the
+    default 4 warps (at H = 64, D = 128 the sm_90 build uses <= 191 registers and no spills, see
+    `bench_dsa_indexer.py --compile-only`; 128 rows spilled), and >= 16, the MMA minimum. Up to
+    16 tokens of a request share each loaded key tile. Untuned: no GPU was available."""
     h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
     block_t = max(1, 64 // h_pad)
     block_t = max(min(block_t, next_pow2(max(1, max_q_len))), -(-16 // h_pad))
@@ -398,5 +402,6 @@ def indexer_topk_decode_triton(
     else:
         logits = indexer_logits_decode_triton(q, k_cache, weights, block_table, seq_lens,
                                               k_scale, width, block_s=block_s)
-        out = _unfused_topk(logits.flatten(0, 1), topk, _row_meta(cu_q, seq_lens, num_rows=num_reqs * n)[1])
+        pos = _row_meta(cu_q, seq_lens, num_reqs * n)[1]
+        out = _unfused_topk(logits.flatten(0, 1), topk, pos)
     return out.view(num_reqs, n, topk)

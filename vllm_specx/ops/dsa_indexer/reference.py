@@ -119,7 +119,10 @@ def prepare_indexer_k(
 def prepare_indexer_q(
     q_proj: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool = False
 ) -> torch.Tensor:
-    """Indexer query: partial RoPE only (no norm). `q_proj [T, H, D]`, `cos/sin [T, R/2]` -> fp32."""
+    """Indexer query: partial RoPE only, no norm.
+
+    `q_proj [T, H, D]`, `cos/sin [T, R // 2]` -> `[T, H, D]` fp32.
+    """
     return apply_partial_rope(q_proj, cos, sin, interleave)
 
 
