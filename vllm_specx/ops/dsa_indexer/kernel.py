@@ -13,6 +13,8 @@ the k-th best key is too; with lowest-index tie breaking at both levels the sets
 So: (1) the logits kernel writes only group maxima `[T, S/G]`; (2) radix top-k picks k groups;
 (3) `_indexer_gather_kernel` recomputes the k*G candidate logits; (4) radix top-k picks k of them.
 Extra work is k*G recomputed keys per row, so it pays off once `S >> k*G` (see `choose_group`).
+Passes (1) and (3) may round the same logit differently (different MMA tile shapes), so keys
+within rounding of the k-th score can differ from the materialised path; tests compare sets.
 """
 
 import math
