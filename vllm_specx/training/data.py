@@ -74,11 +74,13 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
         if file.exists():
             continue
         model = model or load_target(target)
+        seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
+        # One padded forward per shard: right padding cannot change a causal model's earlier rows.
+        taps = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), layer_ids)
         tensors = {}
-        for r in rows[i:i + shard]:
-            ids = torch.tensor(r["prompt_ids"] + r["output_ids"])
+        for r, ids, t in zip(rows[i:i + shard], seqs, taps):
             tensors[f"ids_{r['id']}"] = ids
-            tensors[f"taps_{r['id']}"] = target_taps(model, ids[None], layer_ids)[0].half()
+            tensors[f"taps_{r['id']}"] = t[: len(ids)].half()
         save_file(tensors, str(file.with_suffix(".tmp")))
         file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
 
