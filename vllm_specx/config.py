@@ -81,6 +81,16 @@ class DSparkDraftConfig:
         return cls._build(raw, specx, "specx", where, specx.get("target_layer_ids"))
 
     @classmethod
+    def for_target(cls, target: dict[str, Any], *, target_layer_ids, num_hidden_layers: int,
+                   block_size: int, mask_token_id: int, markov_rank: int,
+                   sample_from_anchor: bool = True, causal: bool = False) -> DSparkDraftConfig:
+        """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict)."""
+        layer = {**target, "num_hidden_layers": num_hidden_layers}
+        opts = {"block_size": block_size, "mask_token_id": mask_token_id, "markov_rank": markov_rank,
+                "sample_from_anchor": sample_from_anchor, "causal": causal}
+        return cls._build(layer, opts, "specx", "new draft", target_layer_ids)
+
+    @classmethod
     def from_pretrained(cls, path: str | Path) -> DSparkDraftConfig:
         return cls.from_dict(read_config_json(path), str(Path(path) / "config.json"))
 

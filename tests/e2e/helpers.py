@@ -12,14 +12,9 @@ from vllm_specx.training.taps import embed_and_head, load_target, target_taps
 
 
 def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0) -> DSparkDraft:
-    c = target.config
-    cfg = DSparkDraftConfig(
-        source_format="specx", target_layer_ids=taps, target_hidden_size=c.hidden_size,
-        hidden_size=c.hidden_size, vocab_size=c.vocab_size, draft_vocab_size=c.vocab_size,
-        num_hidden_layers=layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps, rope_theta=10000.0,
-        block_size=block_size, mask_token_id=2, markov_rank=32, sample_from_anchor=anchor, causal=False)
+    cfg = DSparkDraftConfig.for_target(
+        target.config.to_dict(), target_layer_ids=taps, num_hidden_layers=layers, block_size=block_size,
+        mask_token_id=2, markov_rank=32, sample_from_anchor=anchor)
     torch.manual_seed(seed)
     draft = DSparkDraft(cfg, *embed_and_head(target))
     for p in draft.parameters():

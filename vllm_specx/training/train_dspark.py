@@ -85,17 +85,10 @@ def loss_fn(draft: DSparkDraft, b: dict[str, torch.Tensor], gamma: float) -> tup
     return loss, acc
 
 
-def build_draft(target, args, n_taps_layers: tuple[int, ...]) -> DSparkDraft:
-    c = target.config
-    cfg = DSparkDraftConfig(
-        source_format="specx", target_layer_ids=n_taps_layers, target_hidden_size=c.hidden_size,
-        hidden_size=c.hidden_size, vocab_size=c.vocab_size, draft_vocab_size=c.vocab_size,
-        num_hidden_layers=args.layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
-        rope_theta=float((getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
-        block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank,
-        sample_from_anchor=True, causal=False)
+def build_draft(target, args, taps: tuple[int, ...]) -> DSparkDraft:
+    cfg = DSparkDraftConfig.for_target(
+        target.config.to_dict(), target_layer_ids=taps, num_hidden_layers=args.layers,
+        block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank)
     draft = DSparkDraft(cfg, *embed_and_head(target))
     for name, p in draft.named_parameters():
         if p.dim() > 1:
