@@ -53,11 +53,15 @@ def make_batch(counts, V, *, has_draft=True, greedy=None, seed=0, sharp=2.0, pad
     return [drafts, cu, target, bonus, draft if has_draft else None, greedy, uniforms, noise]
 
 
-def run(impl, args, method="token", **kw):
+def run(impl, args, method="token", block_v=128, **kw):
+    """One implementation on `args` (CPU tensors); Triton runs on CUDA when there is a GPU and in
+    the interpreter otherwise. Returns a CPU tensor."""
     if impl == "triton":
         from vllm_specx.ops.acceptance.kernel import acceptance_sample_triton
 
-        return acceptance_sample_triton(*args, method=method, block_v=128, **kw)
+        if torch.cuda.is_available():
+            args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+        return acceptance_sample_triton(*args, method=method, block_v=block_v, **kw).cpu()
     return acceptance_sample(*args, method=method, impl=impl, **kw)
 
 
@@ -100,9 +104,21 @@ def test_kernel_single_block_and_tail(method):
     """Vocab 1 and a vocab that is one past a power of two (a 1-column tail tile)."""
     for V, bv in ((1, 16), (129, 128)):
         args = make_batch([2, 3], V, greedy=[0, 1], seed=V)
+        tri = run("triton", args, method, block_v=bv)
+        assert torch.equal(acceptance_sample_reference(*args, method=method), tri)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real vocab: too slow in the interpreter")
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_kernel_real_vocab_on_gpu(method):
+    """Qwen's 151936 vocab with the default 4096-wide tiles (38 blocks, a partial tail)."""
+    for has_draft in (True, False):
+        args = make_batch([4, 0, 7, 1, 3, 4, 2, 5], 151936, has_draft=has_draft,
+                          greedy=[0, 1, 0, 0, 1, 0, 0, 0], seed=11, sharp=4.0)
         from vllm_specx.ops.acceptance.kernel import acceptance_sample_triton
 
-        tri = acceptance_sample_triton(*args, method=method, block_v=bv)
+        tri = acceptance_sample_triton(*[a.cuda() if isinstance(a, torch.Tensor) else a
+                                         for a in args], method=method).cpu()
         assert torch.equal(acceptance_sample_reference(*args, method=method), tri)
 
 
