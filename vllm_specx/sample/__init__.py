@@ -1,0 +1,1 @@
+"""Verification inside vLLM: our acceptance op in vLLM's V1 rejection-sampling step."""
