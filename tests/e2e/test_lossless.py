@@ -1,0 +1,118 @@
+"""Speculative decoding in vLLM on CPU samples exactly the target's distribution.
+
+For one held-out prompt, N continuations of L tokens are sampled at temperature 1 (and with
+top-p 0.9) without speculation and with each speculative config. At every position t the
+marginal distribution of the token at t must be the same (lossless verification keeps the whole
+joint distribution, so every marginal too). Two-sample chi-square on a contingency table per
+position (categories with fewer than 5 expected counts pooled); the family of L positions x 2
+sampling settings is Bonferroni-corrected at alpha = 1e-4, so a correct sampler fails a config
+with probability < 1e-4. vLLM's built-in sampler with the CPU expand repair switched off must
+fail the same test (p far below alpha): the test can fail.
+"""
+
+import pytest
+import torch
+
+from vllm_specx import testing as T
+
+from .helpers import load_target, write, write_eagle3_head
+
+pytestmark = pytest.mark.e2e
+N, L = 2000, 4
+ALPHA = 1e-4
+SETTINGS = {"t1": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.9)}
+
+
+def _sample(spec, monkeypatch, repair="1", sampler="specx") -> dict[str, list[list[int]]]:
+    from vllm import SamplingParams
+
+    monkeypatch.setenv("VLLM_SPECX_REPAIR_CPU_EXPAND", repair)
+    monkeypatch.setenv("VLLM_SPECX_SAMPLER", sampler)
+    prompt = T.load_prompts("code", limit=1)[0]
+    out = {}
+    with T.cpu_llm(speculative_config=spec, max_num_seqs=256) as llm:
+        for name, kw in SETTINGS.items():
+            res = llm.generate([prompt] * N, SamplingParams(max_tokens=L, ignore_eos=True, **kw), use_tqdm=False)
+            out[name] = [list(r.outputs[0].token_ids) for r in res]
+        out["tau"] = T.spec_metrics(llm)["tau"]
+    return out
+
+
+def _two_sample_p(ca: dict, cb: dict) -> float:
+    """Chi-square test that two token histograms come from one distribution; categories with
+    fewer than 10 counts in total are pooled so every expected count is >= ~5."""
+    rows, pooled = [], [0, 0]
+    for k in set(ca) | set(cb):
+        pair = [ca.get(k, 0), cb.get(k, 0)]
+        if sum(pair) >= 10:
+            rows.append(pair)
+        else:
+            pooled = [pooled[0] + pair[0], pooled[1] + pair[1]]
+    if sum(pooled):
+        rows.append(pooled)
+    if len(rows) < 2:
+        return 1.0
+    obs = torch.tensor(rows, dtype=torch.float64)
+    exp = obs.sum(1, keepdim=True) * obs.sum(0, keepdim=True) / obs.sum()
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = len(rows) - 1
+    return torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2).item()
+
+
+def _min_p_value(a: list[list[int]], b: list[list[int]]) -> float:
+    """Smallest per-position p-value between two sets of sampled continuations."""
+    ps = []
+    for t in range(L):
+        ca, cb = {}, {}
+        for seq in a:
+            ca[seq[t]] = ca.get(seq[t], 0) + 1
+        for seq in b:
+            cb[seq[t]] = cb.get(seq[t], 0) + 1
+        ps.append(_two_sample_p(ca, cb))
+    return min(ps)
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lossless")
+    target = load_target(T.REF_TARGET)
+    return {"dspark": str(T.ASSETS / "drafts" / "ref-dspark"),
+            "eagle3": write_eagle3_head(target, root / "eagle3")}
+
+
+@pytest.fixture(scope="module")
+def nospec():
+    mp = pytest.MonkeyPatch()
+    try:
+        return _sample(None, mp)
+    finally:
+        mp.undo()
+
+
+def _dspark(d, **kw):
+    return {"method": "dspark", "model": d["dspark"], "num_speculative_tokens": 3, **kw}
+
+
+CONFIGS = {
+    "dspark-greedy-drafts": lambda d: _dspark(d),
+    "dspark-probabilistic": lambda d: _dspark(d, draft_sample_method="probabilistic"),
+    "dspark-probabilistic-block": lambda d: _dspark(d, draft_sample_method="probabilistic",
+                                                    rejection_sample_method="block"),
+    "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
+                                     "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+    "eagle3-vllm-sampler": lambda d: {"method": "eagle3", "model": d["eagle3"], "num_speculative_tokens": 3,
+                                      "draft_sample_method": "probabilistic"},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_spec_decode_matches_nospec_distribution(name, drafts, nospec, monkeypatch):
+    got = _sample(CONFIGS[name](drafts), monkeypatch)
+    for setting in SETTINGS:
+        p = _min_p_value(nospec[setting], got[setting])
+        assert p > ALPHA / (L * len(SETTINGS)), f"{name} {setting}: min p = {p:.3g} (tau {got['tau']})"
+
+
+def test_vllm_cpu_sampler_without_the_repair_is_not_lossless(drafts, nospec, monkeypatch):
+    got = _sample(CONFIGS["ngram-vllm-sampler"](drafts), monkeypatch, repair="0")
+    assert _min_p_value(nospec["t1"], got["t1"]) < 1e-12
