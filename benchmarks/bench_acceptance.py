@@ -12,6 +12,8 @@ Columns (median ms per call):
   reference    the looped spec (`impl="reference"`; small configs only)
   vllm         `RejectionSampler.forward(metadata, draft_probs, logits, sampling_metadata)`,
                which also samples its bonus tokens with vLLM's `Sampler`
+  specx_in_vllm  the same forward on vllm-specx's `SpecxRejectionSampler` (what a served
+               request pays with our sampler), when vllm-specx is installed beside vLLM
 
 vLLM is optional: without it the column is empty; the op itself never imports vLLM. On CPU,
 vLLM's Python override of its `expand` kernel mishandles the float temperature (garbage
@@ -136,7 +138,17 @@ def vllm_sampler(B, K, inp):
         allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
     sampler = RejectionSampler(Sampler())
     draft_probs = inp["draft_probs"]
-    return (lambda logits: sampler(md, draft_probs, logits, sm)), None
+    calls = {"vllm": lambda logits: sampler(md, draft_probs, logits, sm)}
+    try:  # vllm-specx's integrated path: the same vLLM forward, our acceptance op as its core
+        import vllm_specx
+        from vllm_specx.sample.rejection_sampler import SpecxRejectionSampler
+
+        vllm_specx.register()
+        ours = SpecxRejectionSampler(Sampler(), None, dev)
+        calls["specx_in_vllm"] = lambda logits: ours(md, draft_probs, logits, sm)
+    except Exception:  # noqa: BLE001 - plugin not installed beside this vLLM: no column
+        pass
+    return calls, None
 
 
 def run_config(B, K, V, args, device):
@@ -173,11 +185,14 @@ def run_config(B, K, V, args, device):
             args.min_time)
     row["vllm_ms"], row["vllm_note"] = None, None
     if not args.no_vllm and args.method == "token":
-        fn, why = vllm_sampler(B, K, inp)
-        if fn is None:
+        fns, why = vllm_sampler(B, K, inp)
+        if fns is None:
             row["vllm_note"] = why
         else:
-            row["vllm_ms"] = time_call(fn, device, args.min_time, setup=lambda: logits.clone())
+            row["vllm_ms"] = time_call(fns["vllm"], device, args.min_time, setup=lambda: logits.clone())
+            if "specx_in_vllm" in fns:
+                row["specx_in_vllm_ms"] = time_call(fns["specx_in_vllm"], device, args.min_time,
+                                                    setup=lambda: logits.clone())
     elif args.method == "block":
         row["vllm_note"] = "vLLM V1 has no block verification"
     row["e2e_speedup_vs_vllm"] = (row["vllm_ms"] / row["ours_e2e_ms"]) if row["vllm_ms"] else None
@@ -218,13 +233,14 @@ def provenance(device, args) -> dict:
 def table(results) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}" if v < 10 else f"{v:.1f}"  # noqa: E731
     head = f"{'B':>4} {'K':>3} {'V':>7} | {'ours_op':>8} {'ours_e2e':>8} {'ref':>8} " \
-           f"{'vllm':>8} | {'e2e x':>6}"
+           f"{'vllm':>8} {'specx_in_vllm':>13} | {'e2e x':>6}"
     lines = [head, "-" * len(head)]
     for r in results:
         sp = r["e2e_speedup_vs_vllm"]
         lines.append(f"{r['batch']:>4} {r['k']:>3} {r['vocab']:>7} | {fmt(r['ours_op_ms']):>8} "
                      f"{fmt(r['ours_e2e_ms']):>8} {fmt(r['reference_ms']):>8} "
-                     f"{fmt(r['vllm_ms']):>8} | {('-' if sp is None else f'{sp:.1f}'):>6}")
+                     f"{fmt(r['vllm_ms']):>8} {fmt(r.get('specx_in_vllm_ms')):>13} | "
+                     f"{('-' if sp is None else f'{sp:.1f}'):>6}")
     return "\n".join(lines) + "\n(ms per call, median; e2e x = vllm / ours_e2e)"
 
 
