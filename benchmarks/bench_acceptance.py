@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -281,17 +282,9 @@ def compile_only(args) -> dict:
     spills, and that the fp32 divisions are IEEE (`div.rn`) and no FMA was contracted."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("--compile-only needs TRITON_INTERPRET unset")
-    import re
-    import tempfile
+    from _sm90_compile import compile_launches, record_launches
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-    JITFunction.__getitem__ = lambda self, grid: lambda *a, **kw: launches.append((self, a, kw))
+    launches = record_launches()
     from vllm_specx.ops.acceptance.kernel import acceptance_sample_triton
 
     for method in ("token", "block"):
@@ -305,40 +298,14 @@ def compile_only(args) -> dict:
             acceptance_sample_triton(inp["drafts"], inp["cu"], tp, bp,
                                      inp["draft_probs"] if has_draft else None, inp["greedy"], u,
                                      e, method=method)
-    ty = {torch.float32: "fp32", torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
-          torch.bool: "i1"}
-    target = GPUTarget("cuda", args.arch, 32)
-    ptxas = get_ptxas(args.arch).path
-    seen, report = set(), []
-    for fn, a, kw in launches:
-        sig, consts = {}, {}
-        for i, p in enumerate(fn.params):
-            v = kw[p.name] if p.name in kw else a[i]
-            if p.is_constexpr:
-                sig[p.name], consts[p.name] = "constexpr", v
-            else:
-                sig[p.name] = "*" + ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        opts = {o: kw[o] for o in ("num_warps", "enable_fp_fusion") if o in kw}
-        compiled = triton.compile(ASTSource(fn, sig, consts), target=target, options=opts)
-        ptx = compiled.asm["ptx"]
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(ptx)
-            f.flush()
-            log = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{args.arch}a", f.name, "-o",
-                                  os.devnull], capture_output=True, text=True).stderr
-        regs = re.search(r"Used (\d+) registers", log)
-        spill = re.search(r"(\d+) bytes spill stores", log)
-        r = {"kernel": fn.__name__, "constexprs": {k: str(v) for k, v in consts.items()},
-             "registers": int(regs.group(1)) if regs else None,
-             "spill_store_bytes": int(spill.group(1)) if spill else None,
-             "approx_div": len(re.findall(r"div\.(?:full|approx)\.f32", ptx)),
-             "fma": len(re.findall(r"\bfma\.rn\.f(?:32|64)", ptx))}
+    report = []
+    for c in compile_launches(launches, args.arch, ("num_warps", "enable_fp_fusion")):
+        ptx, consts = c.pop("ptx"), c.pop("consts")
+        r = {k: c[k] for k in ("kernel", "constexprs", "registers", "spill_store_bytes")}
+        r["approx_div"] = len(re.findall(r"div\.(?:full|approx)\.f32", ptx))
+        r["fma"] = len(re.findall(r"\bfma\.rn\.f(?:32|64)", ptx))
         report.append(r)
-        print(f"{fn.__name__:<24} regs={r['registers']} spill={r['spill_store_bytes']} "
+        print(f"{r['kernel']:<24} regs={r['registers']} spill={r['spill_store_bytes']} "
               f"approx_div={r['approx_div']} fma={r['fma']} {dict(consts)}")
     print(f"compiled {len(report)} specialisations for sm_{args.arch}")
     return {"compiled": report}

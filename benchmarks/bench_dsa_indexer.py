@@ -279,17 +279,9 @@ def compile_only(args) -> dict:
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("--compile-only needs TRITON_INTERPRET unset")
-    import re
-    import tempfile
+    from _sm90_compile import compile_launches, record_launches
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    launches = []
-    JITFunction.__getitem__ = lambda self, grid: lambda *a, **kw: launches.append((self, a, kw))
+    launches = record_launches()
     from vllm_specx.ops.dsa_indexer import kernel as K
 
     for dtype in args.compile_dtypes.split(","):
@@ -303,44 +295,13 @@ def compile_only(args) -> dict:
             K.indexer_topk_prefill_triton(q.flatten(0, 1), kc.flatten(0, 1)[:600], w.flatten(0, 1),
                                           cu, torch.tensor([0, 300, 600], dtype=torch.int32), 64,
                                           group=8 if ks else 0)
-    ty = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
-          torch.int32: "i32", torch.int64: "i64"}
-    target = GPUTarget("cuda", args.arch, 32)
-    ptxas = get_ptxas(args.arch).path
-    seen, report = set(), []
-    for fn, a, kw in launches:
-        sig, consts = {}, {}
-        for i, p in enumerate(fn.params):
-            v = kw[p.name] if p.name in kw else a[i]
-            if p.is_constexpr:
-                sig[p.name], consts[p.name] = "constexpr", v
-            else:
-                sig[p.name] = "*" + ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        t0 = time.perf_counter()
-        opts = {o: kw[o] for o in ("num_warps", "num_stages") if o in kw}
-        compiled = triton.compile(ASTSource(fn, sig, consts), target=target, options=opts)
-        seconds = time.perf_counter() - t0
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(compiled.asm["ptx"])
-            f.flush()
-            cmd = [ptxas, "-v", f"--gpu-name=sm_{args.arch}a", f.name, "-o", os.devnull]
-            log = subprocess.run(cmd, capture_output=True, text=True).stderr
-        regs = re.search(r"Used (\d+) registers", log)
-        spill = re.search(r"(\d+) bytes spill stores", log)
-        ptx = compiled.asm["ptx"]
+    report = []
+    for c in compile_launches(launches, args.arch, ("num_warps", "num_stages")):
+        ptx, consts = c.pop("ptx"), c.pop("consts")
         mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
-        report.append({"kernel": fn.__name__, "constexprs": {k: str(v) for k, v in consts.items()},
-                       "tensor_core": mma,
-                       "registers": int(regs.group(1)) if regs else None,
-                       "spill_store_bytes": int(spill.group(1)) if spill else None,
-                       "shared_bytes": compiled.metadata.shared, "compile_s": round(seconds, 1)})
-        r = report[-1]
-        print(f"{fn.__name__:<24} {mma:<6} regs={r['registers']} spill={r['spill_store_bytes']} "
-              f"smem={r['shared_bytes']} {seconds:.1f}s {dict(consts)}")
+        report.append({"tensor_core": mma, **c})
+        print(f"{c['kernel']:<24} {mma:<6} regs={c['registers']} spill={c['spill_store_bytes']} "
+              f"smem={c['shared_bytes']} {c['compile_s']:.1f}s {dict(consts)}")
     print(f"compiled {len(report)} specialisations for sm_{args.arch}")
     return {"compiled": report}
 
