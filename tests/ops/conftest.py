@@ -52,3 +52,16 @@ def check_topk_sets(name: str, scores: torch.Tensor, ref: torch.Tensor, tri: tor
 @pytest.fixture
 def topk_sets():
     return check_topk_sets
+
+
+def run_benchmark(script: str, *args, env_extra=None, drop=()):
+    """Run `benchmarks/<script>` in a fresh interpreter (its own TRITON_INTERPRET setting)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, str(repo / "benchmarks" / script), *args], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=300)

@@ -2,27 +2,16 @@
 specialisation it launches compiles for an H100/H200 target (`--compile-only`, no GPU needed)."""
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "bench_dsa_indexer.py"
-
-
-def _run(*args, env_extra=None, drop=()):
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+from conftest import run_benchmark
 
 
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench.json"
-    proc = _run("--smoke", "--out", str(out), env_extra={"CUDA_VISIBLE_DEVICES": ""})
+    proc = run_benchmark("bench_dsa_indexer.py", "--smoke", "--out", str(out), env_extra={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"date", "git_sha", "torch", "triton", "device", "peaks"} <= set(report["meta"])
@@ -42,7 +31,7 @@ def test_kernels_compile_for_sm90(tmp_path):
         subprocess.run([get_ptxas(90).path, "--version"], capture_output=True, check=True)
     except Exception as e:  # noqa: BLE001 - any missing piece means: cannot compile here
         pytest.skip(f"no usable ptxas for sm_90: {e}")
-    proc = _run("--compile-only", drop=("TRITON_INTERPRET",),
+    proc = run_benchmark("bench_dsa_indexer.py", "--compile-only", drop=("TRITON_INTERPRET",),
                 env_extra={"TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if "regs=" in ln]
