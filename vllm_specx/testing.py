@@ -64,6 +64,12 @@ def drafter_class(worker) -> str:
     return f"{type(d).__module__}.{type(d).__qualname__}" if d is not None else "None"
 
 
+def rejection_sampler_info(worker) -> dict:
+    rs = worker.model_runner.rejection_sampler
+    return {"class": type(rs).__name__, "method": getattr(rs, "method", None),
+            "calls": getattr(rs, "calls", None)}
+
+
 def drafter_stats(worker) -> dict:
     return dict(getattr(worker.model_runner.drafter, "stats", {}))
 

@@ -58,6 +58,8 @@ def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, 
         _check_drafts_match_reference(llm, target, draft, prompts[0])
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         metrics = T.spec_metrics(llm)
+        sampler = llm.collective_rpc(T.rejection_sampler_info)[0]
+        assert sampler["class"] == "SpecxRejectionSampler" and sampler["calls"] > 0  # our verifier
         if fmt == "specx":
             _check_draft_probs_reach_rejection_sampler(llm, prompts)
     assert outs == nospec_outputs  # greedy speculative decoding is lossless
