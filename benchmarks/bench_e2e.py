@@ -9,6 +9,7 @@ tokens/s for no-spec, vLLM's n-gram drafter and vllm-specx DSpark at several k. 
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -28,8 +29,9 @@ if __name__ == "__main__":
     configs = {"no-spec": None,
                "ngram k=7": {"method": "ngram", "num_speculative_tokens": 7,
                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
+    draft = os.path.relpath(args.draft)  # relative paths keep the committed JSON machine-neutral
     for k in map(int, args.ks.split(",")):
-        configs[f"specx dspark k={k}"] = {"method": "dspark", "model": args.draft, "num_speculative_tokens": k}
+        configs[f"specx dspark k={k}"] = {"method": "dspark", "model": draft, "num_speculative_tokens": k}
     rows = run_configs(configs, load_prompts(args.prompts, args.limit), args.max_tokens)
     import torch
     import vllm

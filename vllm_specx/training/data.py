@@ -111,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
-    _check_meta(out, {"target": str(Path(args.target).resolve()), "taps": list(taps),
+    _check_meta(out, {"target": args.target, "taps": list(taps),
                       "max_tokens": args.max_tokens, "temperature": args.temperature})
     prompts = _read_jsonl(Path(args.prompts))[: args.limit]
     generate_tokens(args.target, prompts, out, args.max_tokens, args.temperature)
