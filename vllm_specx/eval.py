@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from vllm_specx.testing import REF_TARGET, cpu_llm, spec_metrics
+from vllm_specx.testing import REF_TARGET, acceptance_summary, cpu_llm, spec_metrics
 
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
@@ -35,12 +35,13 @@ def measure(prompts: list[str], speculative_config: dict | None, max_tokens: int
               "outputs": [list(o.outputs[0].token_ids) for o in outs]}
     if speculative_config is not None:
         d = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
-        pos = [a - b for a, b in zip(after.get("num_accepted_tokens_per_pos", []),
-                                     before.get("num_accepted_tokens_per_pos", []) or
-                                     [0] * len(after.get("num_accepted_tokens_per_pos", [])))]
-        result.update(d)
-        result["tau"] = round(1 + d["num_accepted_tokens"] / d["num_drafts"], 4) if d["num_drafts"] else None
-        result["acceptance_per_pos"] = [round(a / d["num_drafts"], 4) for a in pos] if d["num_drafts"] else []
+        pos_after = after.get("num_accepted_tokens_per_pos") or []
+        pos_before = before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after)
+        summary = acceptance_summary(d["num_drafts"], d["num_accepted_tokens"],
+                                     [a - b for a, b in zip(pos_after, pos_before)])
+        if summary["tau"] is not None:
+            summary["tau"] = round(summary["tau"], 4)
+        result.update(d, **summary)
     return result
 
 

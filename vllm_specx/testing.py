@@ -50,11 +50,18 @@ def spec_metrics(llm) -> dict:
     """vLLM's own spec-decode counters, with tau = 1 + accepted / drafts."""
     m = {x.name.removeprefix("vllm:spec_decode_"): getattr(x, "value", getattr(x, "values", None))
          for x in llm.get_metrics() if x.name.startswith("vllm:spec_decode")}
-    drafts = m.get("num_drafts", 0)
-    m["tau"] = 1 + m.get("num_accepted_tokens", 0) / drafts if drafts else None
-    per_pos = m.get("num_accepted_tokens_per_pos") or []
-    m["acceptance_per_pos"] = [round(a / drafts, 4) for a in per_pos] if drafts else []
+    m.update(acceptance_summary(m.get("num_drafts", 0), m.get("num_accepted_tokens", 0),
+                                m.get("num_accepted_tokens_per_pos") or []))
     return m
+
+
+def acceptance_summary(num_drafts: int, num_accepted: int, accepted_per_pos: list[int]) -> dict:
+    """tau = 1 + accepted / drafts (as vLLM's spec-decode metrics define it) and the per-position
+    acceptance rates; None / [] when nothing was drafted."""
+    if not num_drafts:
+        return {"tau": None, "acceptance_per_pos": []}
+    return {"tau": 1 + num_accepted / num_drafts,
+            "acceptance_per_pos": [round(a / num_drafts, 4) for a in accepted_per_pos]}
 
 
 # ---- worker-side helpers (run through LLM.collective_rpc) -------------------------------------
