@@ -19,6 +19,15 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Small tensors: intra-op threads only add spin-wait contention on shared CPU cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -18,14 +18,7 @@ from vllm_specx.ops.acceptance import (
 
 IMPLS = ("reference", "torch", "triton")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only add spin-wait contention on shared CPU cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_batch(counts, V, *, has_draft=True, greedy=None, seed=0, sharp=2.0, pad_to=None):

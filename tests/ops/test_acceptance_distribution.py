@@ -33,14 +33,7 @@ from vllm_specx.ops.acceptance import acceptance_sample, block_thresholds
 ALPHA = 1e-6
 N = 100_000
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only add spin-wait contention on shared CPU cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def processed(logits, temp, top_k=None, top_p=None):
