@@ -27,7 +27,6 @@ temperatures), which changes the sampled tokens but not the work done, so the ti
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 import torch  # noqa: E402
+from _report import write_report  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -264,15 +264,7 @@ def main(argv=None) -> dict:
     if out is None and not args.smoke:
         stamp = datetime.date.today().isoformat()
         out = REPO / "benchmarks" / "results" / f"acceptance-{device.type}-{stamp}.json"
-    text = json.dumps(report, indent=1)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    else:
-        print(text)
-    print(table(results))
-    if out is not None:
-        print(f"wrote {out}")
+    write_report(report, out, table(results))
     return report
 
 

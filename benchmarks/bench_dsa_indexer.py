@@ -18,7 +18,6 @@ git sha, torch / Triton versions, GPU) and prints a table. Needs only torch and 
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import subprocess
@@ -30,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 import torch  # noqa: E402
+from _report import write_report  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -255,15 +255,7 @@ def main(argv=None) -> dict:
         stamp = datetime.date.today().isoformat()
         gpu = report["meta"]["device"].replace(" ", "_")
         out = REPO / "benchmarks" / "results" / f"dsa_indexer-{gpu}-{stamp}.json"
-    text = json.dumps(report, indent=1)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    else:
-        print(text)
-    print(table(results))
-    if out is not None:
-        print(f"wrote {out}")
+    write_report(report, out, table(results))
     return report
 
 
