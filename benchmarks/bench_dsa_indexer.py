@@ -19,8 +19,6 @@ git sha, torch / Triton versions, GPU) and prints a table. Needs only torch and 
 import argparse
 import datetime
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 import torch  # noqa: E402
-from _report import write_report  # noqa: E402
+from _report import provenance, write_report  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -185,28 +183,6 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
 # --------------------------------------------------------------------------- report
 
 
-def provenance(device, peaks, args) -> dict:
-    import triton
-
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        sha = None
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": sha,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "device": (torch.cuda.get_device_name() if device.type == "cuda"
-                   else platform.processor() or "cpu"),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
-        "peaks": peaks,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
-
-
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -249,7 +225,7 @@ def main(argv=None) -> dict:
                 results += run_config(ctx, batch, n, args, peaks, device)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    report = {"meta": provenance(device, peaks, args), "results": results}
+    report = {"meta": provenance(device, args, peaks=peaks), "results": results}
     out = args.out
     if out is None and not args.smoke:
         stamp = datetime.date.today().isoformat()

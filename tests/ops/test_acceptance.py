@@ -6,10 +6,13 @@ so their cases stay small (B <= 8, V <= 400). The statistical suite is
 `test_acceptance_distribution.py`.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from vllm_specx.ops.acceptance import (
+    AcceptanceInputs,
     acceptance_sample,
     acceptance_sample_reference,
     acceptance_sample_torch,
@@ -42,27 +45,38 @@ def make_batch(counts, V, *, has_draft=True, greedy=None, seed=0, sharp=2.0, pad
     if pad_to is not None:
         pad = lambda x: torch.nn.functional.pad(x, (0, pad_to - V))  # noqa: E731
         target, draft, bonus = pad(target), pad(draft), pad(bonus)
-    uniforms, noise = draw_randomness(cu, target.shape[1])
-    return [drafts, cu, target, bonus, draft if has_draft else None, greedy, uniforms, noise]
+    return AcceptanceInputs(drafts, cu, target, bonus, draft if has_draft else None, greedy,
+                            *draw_randomness(cu, target.shape[1]))
 
 
-def run(impl, args, method="token", block_v=128, **kw):
-    """One implementation on `args` (CPU tensors); Triton runs on CUDA when there is a GPU and in
+def redraw(inp, generators=None):
+    """`inp` with fresh uniforms and noise from `draw_randomness`."""
+    u, e = draw_randomness(inp.cu_num_draft_tokens, inp.target_probs.shape[1], generators)
+    return replace(inp, uniforms=u, exp_noise=e)
+
+
+def sample(inp, **kw):
+    """The public dispatcher `acceptance_sample` on the bundle's tensors."""
+    return acceptance_sample(**inp.tensors(), **kw)
+
+
+def run(impl, inp, method="token", block_v=128, **kw):
+    """One implementation on `inp` (CPU tensors); Triton runs on CUDA when there is a GPU and in
     the interpreter otherwise. Returns a CPU tensor."""
     if impl == "triton":
         from vllm_specx.ops.acceptance.kernel import acceptance_sample_triton
 
         if torch.cuda.is_available():
-            args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-        return acceptance_sample_triton(*args, method=method, block_v=block_v, **kw).cpu()
-    return acceptance_sample(*args, method=method, impl=impl, **kw)
+            inp = inp.to("cuda")
+        return acceptance_sample_triton(inp, method, block_v=block_v, **kw).cpu()
+    return sample(inp, method=method, impl=impl, **kw)
 
 
-def check_invariants(out, args):
+def check_invariants(out, inp):
     """`-1` only after the emitted tokens; accepted prefix = the drafts; one token past it."""
-    drafts, cu = args[0], args[1]
+    drafts, cu = inp.draft_token_ids, inp.cu_num_draft_tokens
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    V = args[2].shape[1]
+    V = inp.target_probs.shape[1]
     for b in range(out.shape[0]):
         row = out[b]
         k = int((row != -1).sum())
@@ -81,24 +95,24 @@ def check_invariants(out, args):
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_kernel_matches_reference(method, has_draft, K):
     counts = [K, 0, 1, K, max(K - 2, 0), 2 % (K + 1)]
-    args = make_batch(counts, 333, has_draft=has_draft, greedy=[0, 0, 1, 1, 0, 0], seed=K,
-                      sharp=3.0)  # sharp: long accepted prefixes as well as early rejections
-    ref = acceptance_sample_reference(*args, method=method)
-    tri = run("triton", args, method)
-    fast = acceptance_sample_torch(*args, method=method)
+    inp = make_batch(counts, 333, has_draft=has_draft, greedy=[0, 0, 1, 1, 0, 0], seed=K,
+                     sharp=3.0)  # sharp: long accepted prefixes as well as early rejections
+    ref = acceptance_sample_reference(inp, method)
+    tri = run("triton", inp, method)
+    fast = acceptance_sample_torch(inp, method)
     assert torch.equal(ref, tri), f"triton\n{tri}\nreference\n{ref}"
     assert torch.equal(ref, fast), f"torch\n{fast}\nreference\n{ref}"
     assert ref.shape == (len(counts), K + 1) and ref.dtype == torch.int32
-    check_invariants(ref, args)
+    check_invariants(ref, inp)
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_kernel_single_block_and_tail(method):
     """Vocab 1 and a vocab that is one past a power of two (a 1-column tail tile)."""
     for V, bv in ((1, 16), (129, 128)):
-        args = make_batch([2, 3], V, greedy=[0, 1], seed=V)
-        tri = run("triton", args, method, block_v=bv)
-        assert torch.equal(acceptance_sample_reference(*args, method=method), tri)
+        inp = make_batch([2, 3], V, greedy=[0, 1], seed=V)
+        tri = run("triton", inp, method, block_v=bv)
+        assert torch.equal(acceptance_sample_reference(inp, method), tri)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="real vocab: too slow in the interpreter")
@@ -106,13 +120,12 @@ def test_kernel_single_block_and_tail(method):
 def test_kernel_real_vocab_on_gpu(method):
     """Qwen's 151936 vocab with the default 4096-wide tiles (38 blocks, a partial tail)."""
     for has_draft in (True, False):
-        args = make_batch([4, 0, 7, 1, 3, 4, 2, 5], 151936, has_draft=has_draft,
-                          greedy=[0, 1, 0, 0, 1, 0, 0, 0], seed=11, sharp=4.0)
+        inp = make_batch([4, 0, 7, 1, 3, 4, 2, 5], 151936, has_draft=has_draft,
+                         greedy=[0, 1, 0, 0, 1, 0, 0, 0], seed=11, sharp=4.0)
         from vllm_specx.ops.acceptance.kernel import acceptance_sample_triton
 
-        tri = acceptance_sample_triton(*[a.cuda() if isinstance(a, torch.Tensor) else a
-                                         for a in args], method=method).cpu()
-        assert torch.equal(acceptance_sample_reference(*args, method=method), tri)
+        tri = acceptance_sample_triton(inp.to("cuda"), method).cpu()
+        assert torch.equal(acceptance_sample_reference(inp, method), tri)
 
 
 @pytest.mark.parametrize("has_draft", [True, False], ids=["q", "onehot"])
@@ -122,18 +135,18 @@ def test_torch_path_matches_reference(method, has_draft):
     for seed, sharp in enumerate((0.5, 2.0, 5.0, 12.0)):
         counts = torch.randint(0, 9, (48,), generator=torch.Generator().manual_seed(seed))
         greedy = (torch.arange(48) % 5 == 0).tolist()
-        args = make_batch(counts.tolist(), 61, has_draft=has_draft, greedy=greedy, seed=seed,
-                          sharp=sharp)
-        ref = acceptance_sample_reference(*args, method=method)
-        assert torch.equal(ref, acceptance_sample_torch(*args, method=method)), f"sharp={sharp}"
-        check_invariants(ref, args)
+        inp = make_batch(counts.tolist(), 61, has_draft=has_draft, greedy=greedy, seed=seed,
+                         sharp=sharp)
+        ref = acceptance_sample_reference(inp, method)
+        assert torch.equal(ref, acceptance_sample_torch(inp, method)), f"sharp={sharp}"
+        check_invariants(ref, inp)
 
 
 def test_auto_is_torch_on_cpu_and_width_follows_max_num_draft_tokens():
-    args = make_batch([3, 0, 2], 50, greedy=[0, 1, 0])
-    out = acceptance_sample(*args)
-    assert torch.equal(out, acceptance_sample_reference(*args))
-    wide = acceptance_sample(*args, max_num_draft_tokens=5)  # vLLM's max_spec_len
+    inp = make_batch([3, 0, 2], 50, greedy=[0, 1, 0])
+    out = sample(inp)
+    assert torch.equal(out, acceptance_sample_reference(inp))
+    wide = sample(inp, max_num_draft_tokens=5)  # vLLM's max_spec_len
     assert wide.shape == (3, 6) and torch.equal(wide[:, :4], out)
     assert bool((wide[:, 4:] == -1).all())
 
@@ -146,8 +159,9 @@ def test_auto_is_torch_on_cpu_and_width_follows_max_num_draft_tokens():
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_greedy_is_argmax_logic_and_ignores_randomness(impl, method):
     counts = [4, 2, 0, 3]
-    args = make_batch(counts, 97, greedy=[1, 1, 1, 1], seed=3, sharp=4.0)
-    drafts, cu, target, bonus = args[:4]
+    inp = make_batch(counts, 97, greedy=[1, 1, 1, 1], seed=3, sharp=4.0)
+    drafts, cu = inp.draft_token_ids, inp.cu_num_draft_tokens
+    target, bonus = inp.target_probs, inp.bonus_probs
     expect = torch.full((4, 5), -1, dtype=torch.int32)
     for b, n in enumerate(counts):
         s = int(cu[b]) - n
@@ -156,19 +170,18 @@ def test_greedy_is_argmax_logic_and_ignores_randomness(impl, method):
             expect[b, i] = g
             if i == n or int(drafts[s + i]) != g:
                 break
-    out = run(impl, args, method)
-    args[6], args[7] = draw_randomness(cu, 97)  # fresh uniforms and noise: no effect on greedy
-    assert torch.equal(out, expect) and torch.equal(run(impl, args, method), expect)
+    out = run(impl, inp, method)
+    inp = redraw(inp)  # fresh uniforms and noise: no effect on greedy
+    assert torch.equal(out, expect) and torch.equal(run(impl, inp, method), expect)
 
 
 def test_seeded_requests_reproduce():
     """Per-request generators (vLLM's seeded requests) make a request's tokens batch-independent."""
-    args = make_batch([3, 2, 4], 40, seed=1, sharp=0.5)
-    cu = args[1]
+    inp = make_batch([3, 2, 4], 40, seed=1, sharp=0.5)
     outs = []
     for _ in range(2):
-        args[6], args[7] = draw_randomness(cu, 40, {1: torch.Generator().manual_seed(7)})
-        outs.append(acceptance_sample(*args))
+        inp = redraw(inp, {1: torch.Generator().manual_seed(7)})
+        outs.append(sample(inp))
     assert torch.equal(outs[0][1], outs[1][1])
 
 
@@ -179,10 +192,11 @@ def test_seeded_requests_reproduce():
 def _single(p, q, draft, u, noise=None, bonus=None):
     """One request with one draft over a hand-written vocabulary."""
     V = len(p)
-    return [torch.tensor([draft]), torch.tensor([1]), torch.tensor([p]),
-            torch.tensor([bonus or [1.0 / V] * V]), None if q is None else torch.tensor([q]),
-            torch.tensor([False]), torch.tensor([u], dtype=torch.float64),
-            torch.tensor([noise or [1.0] * V])]
+    return AcceptanceInputs(
+        torch.tensor([draft]), torch.tensor([1]), torch.tensor([p]),
+        torch.tensor([bonus or [1.0 / V] * V]), None if q is None else torch.tensor([q]),
+        torch.tensor([False]), torch.tensor([u], dtype=torch.float64),
+        torch.tensor([noise or [1.0] * V]))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -224,21 +238,21 @@ def test_zero_residual_falls_back_to_target(impl, method):
 def test_padding_columns_never_emitted(impl, method, has_draft):
     """Zero-probability padding columns get near-zero noise (a huge race key if not masked)."""
     V, padded = 100, 128
-    args = make_batch([3, 0, 2, 1, 3, 2, 0, 1], V, has_draft=has_draft, greedy=[0, 1] * 4,
-                      seed=5, sharp=0.3, pad_to=padded)
-    args[7][:, V:] = 1e-30
-    out = run(impl, args, method)
+    inp = make_batch([3, 0, 2, 1, 3, 2, 0, 1], V, has_draft=has_draft, greedy=[0, 1] * 4,
+                     seed=5, sharp=0.3, pad_to=padded)
+    inp.exp_noise[:, V:] = 1e-30
+    out = run(impl, inp, method)
     assert bool((out < V).all()), out
-    check_invariants(out, args)
+    check_invariants(out, inp)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_zero_draft_requests(impl, method):
     """Requests without drafts (all of them, or some) emit exactly their bonus token."""
-    args = make_batch([0, 0, 0], 37, greedy=[1, 0, 0], seed=2)
-    out = run(impl, args, method)
-    bonus, noise = args[3], args[7]
+    inp = make_batch([0, 0, 0], 37, greedy=[1, 0, 0], seed=2)
+    out = run(impl, inp, method)
+    bonus, noise = inp.bonus_probs, inp.exp_noise
     assert out.shape == (3, 1)
     assert out[0, 0] == bonus[0].argmax() and out[1, 0] == (bonus[1] / noise[1]).argmax()
     empty = make_batch([], 37)
@@ -249,44 +263,40 @@ def test_zero_draft_requests(impl, method):
 # Validation: ValueError naming the argument.
 
 
-def _corrupt(args, i, value):
-    args = list(args)
-    args[i] = args[i].clone()
-    args[i].view(-1)[1] = value
-    return args
+def _corrupt(inp, name, value):
+    t = getattr(inp, name).clone()
+    t.view(-1)[1] = value
+    return replace(inp, **{name: t})
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5], ids=["nan", "inf", "neg"])
-@pytest.mark.parametrize("i,name", [(2, "target_probs"), (3, "bonus_probs"), (4, "draft_probs"),
-                                    (7, "exp_noise")])
-def test_non_finite_inputs_raise(impl, bad, i, name):
-    args = _corrupt(make_batch([2, 1], 20), i, bad)
+@pytest.mark.parametrize("name", ["target_probs", "bonus_probs", "draft_probs", "exp_noise"])
+def test_non_finite_inputs_raise(impl, bad, name):
+    inp = _corrupt(make_batch([2, 1], 20), name, bad)
     with pytest.raises(ValueError, match=name):
-        run(impl, args)
+        run(impl, inp)
 
 
 def test_bad_layouts_raise():
     good = make_batch([2, 1], 20)
-    cases = [
-        (2, lambda a: a[2].half(), "target_probs"),
-        (2, lambda a: a[2].t().contiguous().t(), "target_probs"),
-        (4, lambda a: a[4][:, :10], "draft_probs"),
-        (6, lambda a: a[6].float(), "uniforms"),
-        (6, lambda a: a[6] + 1.0, "uniforms"),
-        (5, lambda a: a[5].int(), "is_greedy"),
-        (0, lambda a: a[0].float(), "draft_token_ids"),
-        (0, lambda a: a[0] + 20, "draft_token_ids"),
-        (1, lambda a: a[1] - 1, "cu_num_draft_tokens"),
-        (7, lambda a: a[7][:1], "exp_noise"),
-        (3, lambda a: a[3][:, :-1], "bonus_probs"),
+    cases = [  # (field, its bad value); the error must name the field
+        ("target_probs", lambda t: t.half()),
+        ("target_probs", lambda t: t.t().contiguous().t()),
+        ("draft_probs", lambda t: t[:, :10]),
+        ("uniforms", lambda t: t.float()),
+        ("uniforms", lambda t: t + 1.0),
+        ("is_greedy", lambda t: t.int()),
+        ("draft_token_ids", lambda t: t.float()),
+        ("draft_token_ids", lambda t: t + 20),
+        ("cu_num_draft_tokens", lambda t: t - 1),
+        ("exp_noise", lambda t: t[:1]),
+        ("bonus_probs", lambda t: t[:, :-1]),
     ]
-    for i, change, name in cases:
-        args = list(good)
-        args[i] = change(args)
+    for name, change in cases:
         with pytest.raises(ValueError, match=name):
-            acceptance_sample(*args)
+            sample(replace(good, **{name: change(getattr(good, name))}))
     with pytest.raises(ValueError, match="method"):
-        acceptance_sample(*good, method="tree")
+        sample(good, method="tree")
     with pytest.raises(ValueError, match="impl"):
-        acceptance_sample(*good, impl="cuda")
+        sample(good, impl="cuda")

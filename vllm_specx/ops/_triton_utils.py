@@ -21,16 +21,23 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """Map `impl` ("auto" | "triton" | "reference") to the implementation to run on `device`.
+def resolve_impl(
+    impl: str,
+    device: torch.device,
+    impls: tuple[str, ...] = IMPLS,
+    cpu_default: str = "reference",
+) -> str:
+    """Map `impl` (one of `impls`) to the implementation to run on `device`.
 
-    `auto` picks Triton on CUDA (when Triton is installed) and the reference elsewhere; the
-    interpreter is opt-in through `impl="triton"` because it is orders of magnitude slower.
+    `auto` picks Triton on CUDA (when Triton is installed) and `cpu_default` elsewhere; the
+    interpreter is opt-in through `impl="triton"` because it is orders of magnitude slower. Every
+    op dispatcher calls this: topk and the DSA indexer with the defaults, the acceptance sampler
+    with its extra `"torch"` path as the CPU default.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl not in impls:
+        raise ValueError(f"impl must be one of {impls}, got {impl!r}")
     if impl == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "reference"
+        return "triton" if device.type == "cuda" and triton_available() else cpu_default
     if impl == "triton" and device.type != "cuda" and not interpreter_mode():
         raise ValueError(
             f"impl='triton' on device {device} needs TRITON_INTERPRET=1 "

@@ -17,7 +17,7 @@ import contextvars
 import torch
 from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, generate_uniform_probs
 
-from vllm_specx.ops.acceptance import acceptance_sample
+from vllm_specx.ops.acceptance import acceptance_sample, draw_exp_noise
 
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("specx_acceptance", default=None)
 
@@ -66,7 +66,7 @@ def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_n
     else:
         is_greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
         uniforms = generate_uniform_probs(num_tokens, num_draft_tokens, sampling_metadata.generators, device)
-        exp_noise = _exp_noise(batch, vocab, sampling_metadata.generators, device)
+        exp_noise = draw_exp_noise(batch, vocab, sampling_metadata.generators, device)
     # The bonus token was already drawn by vLLM's sampler from the bonus distribution, with every
     # sampling parameter applied; as a one-hot "distribution" the op emits exactly that token.
     bonus_probs = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
@@ -75,16 +75,3 @@ def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_n
         draft_token_ids.long(), cu_num_draft_tokens, target_logits.softmax(-1, dtype=torch.float32),
         bonus_probs, draft_probs, is_greedy, uniforms.double(), exp_noise, method=active_method(),
         max_num_draft_tokens=max_spec_len, validate=False)
-
-
-def _exp_noise(batch: int, vocab: int, generators: dict[int, torch.Generator], device) -> torch.Tensor:
-    """[B, V] Exp(1) noise as -log(U); rows of seeded requests come from their own generators.
-
-    -log(U) is exactly Exp(1)-distributed and, on CPU, about 3.5x faster than
-    `Tensor.exponential_` (measured: 13 vs 46 ms for 64 x 32000). U = 0 gives +inf noise, a
-    zero key in the race: that token cannot win, which matches its vanishing probability.
-    """
-    noise = torch.rand(batch, vocab, dtype=torch.float32, device=device)
-    for i, gen in generators.items():
-        noise[i] = torch.rand(vocab, dtype=torch.float32, device=device, generator=gen)
-    return noise.log_().neg_()

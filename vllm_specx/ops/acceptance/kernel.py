@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from vllm_specx.ops._triton_utils import next_pow2
-from vllm_specx.ops.acceptance.reference import check_acceptance_inputs
+from vllm_specx.ops.acceptance.reference import AcceptanceInputs
 
 __all__ = ["acceptance_sample_triton"]
 
@@ -278,14 +278,7 @@ def _final_combine_kernel(
 
 
 def acceptance_sample_triton(
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64
-    target_probs: torch.Tensor,  # [T, V] fp32
-    bonus_probs: torch.Tensor,  # [B, V] fp32
-    draft_probs: torch.Tensor | None,  # [T, V] fp32, or None for one-hot drafts
-    is_greedy: torch.Tensor,  # [B] bool
-    uniforms: torch.Tensor,  # [T] fp64
-    exp_noise: torch.Tensor,  # [B, V] fp32
+    inputs: AcceptanceInputs,
     method: str = "token",
     *,
     max_num_draft_tokens: int | None = None,
@@ -296,12 +289,12 @@ def acceptance_sample_triton(
 
     `block_v` (a power of two) is the vocab tile; the default is `min(4096, next_pow2(V))`.
     """
-    max_k = check_acceptance_inputs(draft_token_ids, cu_num_draft_tokens, target_probs,
-                                    bonus_probs, draft_probs, is_greedy, uniforms, exp_noise,
-                                    method, max_num_draft_tokens, validate)
-    dev = target_probs.device
-    T, V = target_probs.shape
-    B = bonus_probs.shape[0]
+    max_k = inputs.check(method, max_num_draft_tokens=max_num_draft_tokens, validate=validate)
+    x = inputs
+    tp, ids, cu, greedy = x.target_probs, x.draft_token_ids, x.cu_num_draft_tokens, x.is_greedy
+    dev = tp.device
+    T, V = tp.shape
+    B = cu.shape[0]
     out = torch.full((B, max_k + 1), -1, dtype=torch.int32, device=dev)
     if B == 0:
         return out
@@ -310,9 +303,9 @@ def acceptance_sample_triton(
         raise ValueError(f"block_v must be a power of two, got {block_v}")
     NB = triton.cdiv(V, BLOCK_V)
     NB_P2 = next_pow2(NB)
-    has_draft = draft_probs is not None
+    has_draft = x.draft_probs is not None
     blk_method = method == "block"
-    dp = draft_probs if has_draft else target_probs  # placeholder pointer, never read
+    dp = x.draft_probs if has_draft else tp  # placeholder pointer, never read
     opts = dict(num_warps=8 if BLOCK_V >= 2048 else 4, enable_fp_fusion=False)
 
     amax_val = torch.empty(max(T, 1), NB, dtype=torch.float32, device=dev)
@@ -320,22 +313,19 @@ def acceptance_sample_triton(
     mass = torch.empty(max(T, 1), NB, dtype=torch.float64, device=dev)
     if max_k > 0:
         _row_stats_kernel[(B, max_k, NB)](
-            target_probs, dp, draft_token_ids, cu_num_draft_tokens, is_greedy, amax_val,
-            amax_idx, mass, V, NB, BLOCK_V=BLOCK_V, HAS_DRAFT=has_draft,
-            BLOCK_METHOD=blk_method, **opts)
+            tp, dp, ids, cu, greedy, amax_val, amax_idx, mass, V, NB, BLOCK_V=BLOCK_V,
+            HAS_DRAFT=has_draft, BLOCK_METHOD=blk_method, **opts)
     acc = torch.empty(B, dtype=torch.int64, device=dev)
     ptau = torch.empty(B, dtype=torch.float64, device=dev)
     _decide_kernel[(B,)](
-        target_probs, dp, draft_token_ids, cu_num_draft_tokens, is_greedy, uniforms, amax_val,
-        amax_idx, mass, out, acc, ptau, V, NB, max_k + 1, NB_P2=NB_P2, HAS_DRAFT=has_draft,
-        BLOCK_METHOD=blk_method, num_warps=1, enable_fp_fusion=False)
+        tp, dp, ids, cu, greedy, x.uniforms, amax_val, amax_idx, mass, out, acc, ptau, V, NB,
+        max_k + 1, NB_P2=NB_P2, HAS_DRAFT=has_draft, BLOCK_METHOD=blk_method, num_warps=1,
+        enable_fp_fusion=False)
     keys = torch.empty(B, NB, 2, dtype=torch.float64, device=dev)
     idxs = torch.empty(B, NB, 2, dtype=torch.int32, device=dev)
     _final_partial_kernel[(B, NB)](
-        target_probs, dp, bonus_probs, exp_noise, draft_token_ids, cu_num_draft_tokens,
-        is_greedy, acc, ptau, keys, idxs, V, NB, BLOCK_V=BLOCK_V, HAS_DRAFT=has_draft,
-        BLOCK_METHOD=blk_method, **opts)
+        tp, dp, x.bonus_probs, x.exp_noise, ids, cu, greedy, acc, ptau, keys, idxs, V, NB,
+        BLOCK_V=BLOCK_V, HAS_DRAFT=has_draft, BLOCK_METHOD=blk_method, **opts)
     _final_combine_kernel[(B,)](
-        cu_num_draft_tokens, is_greedy, acc, keys, idxs, out, NB, max_k + 1, NB_P2=NB_P2,
-        num_warps=1)
+        cu, greedy, acc, keys, idxs, out, NB, max_k + 1, NB_P2=NB_P2, num_warps=1)
     return out

@@ -3,7 +3,8 @@
 This module is the contract every other implementation (`torch_path.py`, `kernel.py`) must match
 token for token on the same injected randomness. It loops over requests and draft positions in
 Python, so it is readable and slow; it is not the CPU fast path (`impl="torch"` is). It imports
-nothing from vLLM; the lead wires it into vLLM's verification step elsewhere.
+nothing from vLLM; in serving, `vllm_specx/sample/rejection_sampler.py` calls the dispatcher
+`acceptance_sample` from inside vLLM's V1 `RejectionSampler` (see `docs/acceptance.md`).
 
 Notation (fixed here, used by the kernel, the fast path, the tests and `docs/acceptance.md`).
 Request `b` owns the flattened rows `s = cu[b-1] .. cu[b]-1` (`cu[-1] := 0`), `n = cu[b] - cu[b-1]`
@@ -63,11 +64,12 @@ probability ~1e-13 per decision. Greedy argmax, the token-wise test and the race
 bit-identical.
 """
 
+import dataclasses
 import math
 
 import torch
 
-__all__ = ["acceptance_sample_reference", "check_acceptance_inputs", "block_thresholds"]
+__all__ = ["AcceptanceInputs", "acceptance_sample_reference", "block_thresholds"]
 
 METHODS = ("token", "block")
 
@@ -86,72 +88,105 @@ def _check_range(name: str, x: torch.Tensor, lo: float, hi: float, what: str) ->
         raise ValueError(f"{name} must be {what} (found min {mn}, max {mx})")
 
 
-def check_acceptance_inputs(
-    draft_token_ids: torch.Tensor,  # [T]
-    cu_num_draft_tokens: torch.Tensor,  # [B]
-    target_probs: torch.Tensor,  # [T, V]
-    bonus_probs: torch.Tensor,  # [B, V]
-    draft_probs: torch.Tensor | None,  # [T, V]
-    is_greedy: torch.Tensor,  # [B]
-    uniforms: torch.Tensor,  # [T]
-    exp_noise: torch.Tensor,  # [B, V]
-    method: str,
-    max_num_draft_tokens: int | None = None,
-    validate: bool = True,
-) -> int:
-    """Raise ValueError naming the offending argument; return `max_K` (drafts per request).
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: tensors have no boolean `==`
+class AcceptanceInputs:
+    """The tensors of one verification call, in vLLM V1's flattened ragged layout.
 
-    Dtypes, ranks, shapes, devices and contiguity are always checked (free). With `validate`, the
-    values are checked too: probabilities and noise finite and `>= 0`, draft ids in `[0, V)`,
-    `cu_num_draft_tokens` non-decreasing and ending at `T`. That costs one read of every input
-    (dominated by `target_probs`, `[T, V]`, about the cost of one softmax) and a host sync on CUDA.
-    `max_num_draft_tokens`, when given, is trusted and avoids the sync that deriving it needs.
+    `T` is the total number of drafts, `B` the number of requests, `V` the vocabulary size. Every
+    implementation (`acceptance_sample_reference`, `acceptance_sample_torch`,
+    `acceptance_sample_triton`) takes one of these, and the dispatcher `acceptance_sample` builds
+    one from its arguments of the same names; `dataclasses.replace` swaps fields (e.g. fresh
+    `uniforms` and `exp_noise`). All tensors live on `target_probs`'s device and are contiguous.
+
+    Attributes:
+        draft_token_ids: `[T]` int64 (or int32) drafts, request-major.
+        cu_num_draft_tokens: `[B]` int32/int64 cumulative draft counts; request `b` owns rows
+            `cu[b-1]:cu[b]` and may own none.
+        target_probs: `[T, V]` fp32 target distribution at each draft position (already
+            temperature / top-k / top-p processed and softmaxed).
+        bonus_probs: `[B, V]` fp32 target distribution after each request's last draft.
+        draft_probs: `[T, V]` fp32 draft distributions, or None for one-hot drafts (greedy or
+            n-gram drafters).
+        is_greedy: `[B]` bool; greedy requests match drafts against the target argmax.
+        uniforms: `[T]` fp64 in `[0, 1)`, the acceptance draws.
+        exp_noise: `[B, V]` fp32 Exp(1) noise (> 0), one vector per request (the race
+            `argmax(weights / exp_noise)` draws the single resampled or bonus token).
     """
-    from vllm_specx.ops._triton_utils import check_shape, check_tensor
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    check_tensor("target_probs", target_probs, ndim=2, dtypes=(torch.float32,))
-    dev = target_probs.device
-    T, V = target_probs.shape
-    check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1,
-                 dtypes=(torch.int32, torch.int64), device=dev)
-    B = cu_num_draft_tokens.shape[0]
-    check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=(torch.int32, torch.int64),
-                 device=dev)
-    check_shape("draft_token_ids", draft_token_ids, (T,))
-    check_tensor("bonus_probs", bonus_probs, ndim=2, dtypes=(torch.float32,), device=dev)
-    check_shape("bonus_probs", bonus_probs, (B, V))
-    if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, ndim=2, dtypes=(torch.float32,), device=dev)
-        check_shape("draft_probs", draft_probs, (T, V))
-    check_tensor("is_greedy", is_greedy, ndim=1, dtypes=(torch.bool,), device=dev)
-    check_shape("is_greedy", is_greedy, (B,))
-    check_tensor("uniforms", uniforms, ndim=1, dtypes=(torch.float64,), device=dev)
-    check_shape("uniforms", uniforms, (T,))
-    check_tensor("exp_noise", exp_noise, ndim=2, dtypes=(torch.float32,), device=dev)
-    check_shape("exp_noise", exp_noise, (B, V))
-    if V == 0:
-        raise ValueError("target_probs must have a non-empty vocab dimension")
-    if max_num_draft_tokens is not None and not validate:
-        return int(max_num_draft_tokens)
-    counts = _counts(cu_num_draft_tokens)
-    max_k = int(counts.max()) if B else 0
-    if validate:
-        if (B and (int(counts.min()) < 0 or int(cu_num_draft_tokens[-1]) != T)) or (not B and T):
-            raise ValueError(f"cu_num_draft_tokens must be non-decreasing and end at T={T}")
-        _check_range("draft_token_ids", draft_token_ids, 0, V, f"in [0, {V})")
-        inf = float("inf")
-        for name, x in (("target_probs", target_probs), ("bonus_probs", bonus_probs),
-                        ("draft_probs", draft_probs)):
-            if x is not None:
-                _check_range(name, x, 0.0, inf, "finite and non-negative")
-        _check_range("exp_noise", exp_noise, math.ulp(0.0), inf, "finite and positive")
-        _check_range("uniforms", uniforms, 0.0, 1.0, "in [0, 1)")
-        if max_num_draft_tokens is not None and max_num_draft_tokens < max_k:
-            raise ValueError(f"max_num_draft_tokens={max_num_draft_tokens} < the largest "
-                             f"per-request draft count {max_k}")
-    return max_k if max_num_draft_tokens is None else int(max_num_draft_tokens)
+    draft_token_ids: torch.Tensor
+    cu_num_draft_tokens: torch.Tensor
+    target_probs: torch.Tensor
+    bonus_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
+    is_greedy: torch.Tensor
+    uniforms: torch.Tensor
+    exp_noise: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        """The fields by name (shallow: the tensors themselves, not copies)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to(self, device) -> "AcceptanceInputs":
+        """The same inputs on `device`."""
+        return AcceptanceInputs(**{k: None if t is None else t.to(device)
+                                   for k, t in self.tensors().items()})
+
+    def check(self, method: str, *, max_num_draft_tokens: int | None = None,
+              validate: bool = True) -> int:
+        """Raise ValueError naming the offending field; return `max_K` (drafts per request).
+
+        Dtypes, ranks, shapes, devices and contiguity are always checked (free). With `validate`,
+        the values are checked too: probabilities and noise finite and `>= 0`, draft ids in
+        `[0, V)`, `cu_num_draft_tokens` non-decreasing and ending at `T`. That costs one read of
+        every input (dominated by `target_probs`, `[T, V]`, about the cost of one softmax) and a
+        host sync on CUDA. `max_num_draft_tokens`, when given, is trusted and avoids the sync
+        that deriving it needs.
+        """
+        from vllm_specx.ops._triton_utils import check_shape, check_tensor
+
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        check_tensor("target_probs", self.target_probs, ndim=2, dtypes=(torch.float32,))
+        dev = self.target_probs.device
+        T, V = self.target_probs.shape
+        check_tensor("cu_num_draft_tokens", self.cu_num_draft_tokens, ndim=1,
+                     dtypes=(torch.int32, torch.int64), device=dev)
+        B = self.cu_num_draft_tokens.shape[0]
+        ids, f32 = (torch.int32, torch.int64), (torch.float32,)
+        for name, ndim, dtypes, shape in (
+            ("draft_token_ids", 1, ids, (T,)),
+            ("bonus_probs", 2, f32, (B, V)),
+            ("draft_probs", 2, f32, (T, V)),
+            ("is_greedy", 1, (torch.bool,), (B,)),
+            ("uniforms", 1, (torch.float64,), (T,)),
+            ("exp_noise", 2, f32, (B, V)),
+        ):
+            t = getattr(self, name)
+            if t is None and name == "draft_probs":
+                continue
+            check_tensor(name, t, ndim=ndim, dtypes=dtypes, device=dev)
+            check_shape(name, t, shape)
+        if V == 0:
+            raise ValueError("target_probs must have a non-empty vocab dimension")
+        if max_num_draft_tokens is not None and not validate:
+            return int(max_num_draft_tokens)
+        counts = _counts(self.cu_num_draft_tokens)
+        max_k = int(counts.max()) if B else 0
+        if validate:
+            cu = self.cu_num_draft_tokens
+            if (B and (int(counts.min()) < 0 or int(cu[-1]) != T)) or (not B and T):
+                raise ValueError(f"cu_num_draft_tokens must be non-decreasing and end at T={T}")
+            _check_range("draft_token_ids", self.draft_token_ids, 0, V, f"in [0, {V})")
+            inf = float("inf")
+            for name in ("target_probs", "bonus_probs", "draft_probs"):
+                if getattr(self, name) is not None:
+                    _check_range(name, getattr(self, name), 0.0, inf, "finite and non-negative")
+            _check_range("exp_noise", self.exp_noise, math.ulp(0.0), inf, "finite and positive")
+            _check_range("uniforms", self.uniforms, 0.0, 1.0, "in [0, 1)")
+            if max_num_draft_tokens is not None and max_num_draft_tokens < max_k:
+                raise ValueError(f"max_num_draft_tokens={max_num_draft_tokens} < the largest "
+                                 f"per-request draft count {max_k}")
+        return max_k if max_num_draft_tokens is None else int(max_num_draft_tokens)
 
 
 def _race(w: torch.Tensor, noise: torch.Tensor) -> int | None:
@@ -213,14 +248,7 @@ def block_thresholds(
 
 
 def acceptance_sample_reference(
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64
-    target_probs: torch.Tensor,  # [T, V] fp32
-    bonus_probs: torch.Tensor,  # [B, V] fp32
-    draft_probs: torch.Tensor | None,  # [T, V] fp32, or None for one-hot drafts
-    is_greedy: torch.Tensor,  # [B] bool
-    uniforms: torch.Tensor,  # [T] fp64 in [0, 1)
-    exp_noise: torch.Tensor,  # [B, V] fp32 Exp(1)
+    inputs: AcceptanceInputs,
     method: str = "token",
     *,
     max_num_draft_tokens: int | None = None,
@@ -231,15 +259,15 @@ def acceptance_sample_reference(
     Returns:
         `[B, max_K + 1]` int32: accepted drafts, then the resampled or bonus token, `-1` after.
     """
-    max_k = check_acceptance_inputs(draft_token_ids, cu_num_draft_tokens, target_probs,
-                                    bonus_probs, draft_probs, is_greedy, uniforms, exp_noise,
-                                    method, max_num_draft_tokens, validate)
+    max_k = inputs.check(method, max_num_draft_tokens=max_num_draft_tokens, validate=validate)
+    target_probs, bonus_probs = inputs.target_probs, inputs.bonus_probs
     B, V = bonus_probs.shape
     out = torch.full((B, max_k + 1), -1, dtype=torch.int32)
-    cu = cu_num_draft_tokens.long().cpu().tolist()
-    tp, bp, ep = target_probs.cpu(), bonus_probs.cpu(), exp_noise.cpu()
-    dp = None if draft_probs is None else draft_probs.cpu()
-    drafts, us, greedy = draft_token_ids.long().cpu(), uniforms.cpu(), is_greedy.cpu()
+    cu = inputs.cu_num_draft_tokens.long().cpu().tolist()
+    tp, bp, ep = target_probs.cpu(), bonus_probs.cpu(), inputs.exp_noise.cpu()
+    dp = None if inputs.draft_probs is None else inputs.draft_probs.cpu()
+    drafts, us = inputs.draft_token_ids.long().cpu(), inputs.uniforms.cpu()
+    greedy = inputs.is_greedy.cpu()
     for b in range(B):
         s = cu[b - 1] if b else 0
         n = cu[b] - s

@@ -10,7 +10,7 @@ It is not a Triton kernel and has no vLLM dependency.
 
 import torch
 
-from vllm_specx.ops.acceptance.reference import _counts, check_acceptance_inputs
+from vllm_specx.ops.acceptance.reference import AcceptanceInputs, _counts
 
 __all__ = ["acceptance_sample_torch"]
 
@@ -79,37 +79,30 @@ def _residual_mass(target_probs, draft_probs, drafts, rows, Pi) -> torch.Tensor:
 
 
 def acceptance_sample_torch(
-    draft_token_ids: torch.Tensor,  # [T] int32/int64
-    cu_num_draft_tokens: torch.Tensor,  # [B] int32/int64
-    target_probs: torch.Tensor,  # [T, V] fp32
-    bonus_probs: torch.Tensor,  # [B, V] fp32
-    draft_probs: torch.Tensor | None,  # [T, V] fp32, or None for one-hot drafts
-    is_greedy: torch.Tensor,  # [B] bool
-    uniforms: torch.Tensor,  # [T] fp64
-    exp_noise: torch.Tensor,  # [B, V] fp32
+    inputs: AcceptanceInputs,
     method: str = "token",
     *,
     max_num_draft_tokens: int | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
     """Batched `acceptance_sample_reference`: identical outputs, `[B, max_K + 1]` int32."""
-    max_k = check_acceptance_inputs(draft_token_ids, cu_num_draft_tokens, target_probs,
-                                    bonus_probs, draft_probs, is_greedy, uniforms, exp_noise,
-                                    method, max_num_draft_tokens, validate)
-    dev = target_probs.device
-    T = target_probs.shape[0]
-    B = bonus_probs.shape[0]
+    max_k = inputs.check(method, max_num_draft_tokens=max_num_draft_tokens, validate=validate)
+    tp, dp, is_greedy = inputs.target_probs, inputs.draft_probs, inputs.is_greedy
+    cu, uniforms = inputs.cu_num_draft_tokens.long(), inputs.uniforms
+    dev = tp.device
+    T = tp.shape[0]
+    B = cu.shape[0]
     out = torch.full((B, max_k + 1), -1, dtype=torch.int32, device=dev)
     if B == 0:
         return out
-    counts = _counts(cu_num_draft_tokens)
-    starts = cu_num_draft_tokens.long() - counts
+    counts = _counts(cu)
+    starts = cu - counts
     rows = torch.arange(T, device=dev)
-    req = torch.searchsorted(cu_num_draft_tokens.long(), rows, right=True)  # row -> request
+    req = torch.searchsorted(cu, rows, right=True)  # row -> request
     pos = rows - starts.index_select(0, req)
-    drafts = draft_token_ids.long()
-    px = target_probs.gather(1, drafts[:, None]).squeeze(1).double()
-    qx = None if draft_probs is None else draft_probs.gather(1, drafts[:, None]).squeeze(1).double()
+    drafts = inputs.draft_token_ids.long()
+    px = tp.gather(1, drafts[:, None]).squeeze(1).double()
+    qx = None if dp is None else dp.gather(1, drafts[:, None]).squeeze(1).double()
     any_greedy = bool(is_greedy.any())
     greedy_row = is_greedy.index_select(0, req)
 
@@ -117,7 +110,7 @@ def acceptance_sample_torch(
     g = torch.full((T,), -1, dtype=torch.long, device=dev)
     if any_greedy:
         g_rows = greedy_row.nonzero().squeeze(1)
-        g[g_rows] = target_probs.index_select(0, g_rows).argmax(-1)
+        g[g_rows] = tp.index_select(0, g_rows).argmax(-1)
 
     # Per-row acceptance -> [B, max_k] (padding accepts, so the scan stops at n by the clamp).
     acc_row = uniforms < px if qx is None else uniforms * qx < px  # u * 1.0 == u exactly
@@ -131,14 +124,14 @@ def acceptance_sample_torch(
     if method == "block":
         qx = torch.ones_like(px) if qx is None else qx
         a, P_tau = _block_tau(a, counts, req, pos, px, qx, uniforms, is_greedy, greedy_row,
-                              target_probs, draft_probs, drafts, max_k)
+                              tp, dp, drafts, max_k)
 
     # Accepted prefix.
     keep = pos < a.index_select(0, req)
     out.view(-1).scatter_(0, req * (max_k + 1) + pos, torch.where(keep, drafts, -1).int())
-    out.scatter_(1, a[:, None], _final_tokens(a, counts, starts, g, drafts, target_probs,
-                                              bonus_probs, draft_probs, is_greedy, exp_noise,
-                                              P_tau, method)[:, None].int())
+    out.scatter_(1, a[:, None], _final_tokens(a, counts, starts, g, drafts, tp,
+                                              inputs.bonus_probs, dp, is_greedy,
+                                              inputs.exp_noise, P_tau, method)[:, None].int())
     return out
 
 
