@@ -7,18 +7,19 @@ through vllm-specx (`method: "dspark"`). Prints tau, per-position acceptance and
 import argparse
 import json
 
+from vllm_specx import assets
 from vllm_specx.eval import format_table, run_configs
-from vllm_specx.testing import ASSETS, REF_TARGET, load_prompts
 
-DRAFT = ASSETS / "drafts" / "ref-dspark"
+REF_TARGET = assets.path("ref-target")
+DRAFT = assets.path("drafts", "ref-dspark")
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
-    prompts = load_prompts("code", args.prompts)
-    rows = run_configs({
+    prompts = assets.load_prompts("code", args.prompts)
+    rows = run_configs(REF_TARGET, {
         "no-spec": None,
         "specx dspark k=7": {"method": "dspark", "model": str(DRAFT), "num_speculative_tokens": 7},
     }, prompts, args.max_tokens)

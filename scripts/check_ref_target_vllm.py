@@ -26,6 +26,8 @@ import json
 import time
 from pathlib import Path
 
+from vllm_specx.metrics import spec_metrics
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "assets" / "ref-target"
 DEFAULT_PROMPTS = REPO / "assets" / "prompts" / "code.jsonl"
@@ -62,14 +64,6 @@ def make_llm(model: str, spec: dict | None = None):
         seed=0,
         **kw,
     )
-
-
-def counters(llm) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if type(m).__name__ == "Counter":
-            out[m.name] = out.get(m.name, 0) + m.value
-    return out
 
 
 def run_samples(args) -> None:
@@ -124,12 +118,11 @@ def run_ngram(args) -> None:
     t0 = time.time()
     outs = llm.generate(prompts, sp)
     dt = time.time() - t0
-    c = counters(llm)
-    drafts = c.get("vllm:spec_decode_num_drafts", 0)
-    draft_toks = c.get("vllm:spec_decode_num_draft_tokens", 0)
-    acc = c.get("vllm:spec_decode_num_accepted_tokens", 0)
+    m = spec_metrics(llm)
+    drafts, draft_toks = m.get("num_drafts", 0), m.get("num_draft_tokens", 0)
+    acc = m.get("num_accepted_tokens", 0)
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
-    tau = 1 + acc / drafts if drafts else float("nan")
+    tau = m["tau"] if m["tau"] is not None else float("nan")
     res = {
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,

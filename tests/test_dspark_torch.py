@@ -2,9 +2,9 @@
 
 import torch
 
-from vllm_specx.config import DSparkDraftConfig
-from vllm_specx.models.dspark_io import load_draft, save_specx, save_speculators
-from vllm_specx.models.dspark_torch import DSparkDraft, block_mask
+from vllm_specx.methods.dspark.checkpoint import load_draft, save_specx, save_speculators
+from vllm_specx.methods.dspark.config import DSparkDraftConfig
+from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 
 
 def tiny(anchor=True) -> DSparkDraft:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from vllm_specx import routing
+from vllm_specx import registry as routing
+from vllm_specx.methods.dspark import UPSTREAM_ENV
 
-from .e2e.helpers import load_target, random_draft, write
-from vllm_specx.testing import REF_TARGET
+from .helpers import REF_TARGET, load_target, random_draft, write
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +25,12 @@ def test_our_checkpoints_always_take_our_route(drafts, v2):
 def test_upstream_checkpoints_go_to_vllm_on_v2_unless_opted_in(drafts, monkeypatch):
     assert routing.choose("dspark", drafts["speculators"], v2_would_run=False) is not None
     assert routing.choose("dspark", drafts["speculators"], v2_would_run=True) is None
-    monkeypatch.setenv(routing.UPSTREAM_ENV, "specx")
+    monkeypatch.setenv(UPSTREAM_ENV, "specx")
     assert routing.choose("dspark", drafts["speculators"], v2_would_run=True) is not None
-    monkeypatch.setenv(routing.UPSTREAM_ENV, "vllm")
+    monkeypatch.setenv(UPSTREAM_ENV, "vllm")
     assert routing.choose("dspark", drafts["speculators"], v2_would_run=False) is None
-    monkeypatch.setenv(routing.UPSTREAM_ENV, "bogus")
-    with pytest.raises(ValueError, match=routing.UPSTREAM_ENV):
+    monkeypatch.setenv(UPSTREAM_ENV, "bogus")
+    with pytest.raises(ValueError, match=UPSTREAM_ENV):
         routing.choose("dspark", drafts["speculators"], v2_would_run=False)
 
 

@@ -5,11 +5,12 @@ import random
 
 import torch
 
-from vllm_specx.testing import REF_TARGET
-from vllm_specx.training import train_dspark
+from vllm_specx.methods.dspark import train as dspark_train
 from vllm_specx.training.data import load_samples, write_taps
 from vllm_specx.training.taps import load_target
+from vllm_specx.training.trainer import loss_and_accuracy
 
+from .helpers import REF_TARGET
 from .test_dspark_torch import tiny
 
 
@@ -42,13 +43,14 @@ def test_trainer_learns_a_deterministic_continuation():
     opt = torch.optim.AdamW(draft.parameters(), lr=3e-2)
     first = None
     for _ in range(80):
-        b = train_dspark.make_batch(samples, rng, 4, 32, 4, 4, draft.cfg.mask_token_id)
-        loss, acc = train_dspark.loss_fn(draft, b, gamma=4.0)
+        b = dspark_train.make_batch(samples, rng, 4, 32, 4, 4, draft.cfg.mask_token_id)
+        loss, acc = loss_and_accuracy(dspark_train.forward(draft, b), "ce", gamma=4.0)
         first = first if first is not None else loss.item()
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert loss.item() < 0.2 * first
     with torch.no_grad():
-        _, acc = train_dspark.loss_fn(draft, train_dspark.make_batch(samples, rng, 16, 32, 8, 4, 3), 4.0)
+        _, acc = loss_and_accuracy(dspark_train.forward(draft, dspark_train.make_batch(samples, rng, 16, 32, 8, 4, 3)),
+                                   "ce", 4.0)
     assert acc.min().item() > 0.9, acc  # every draft position, on 16 x 8 fresh blocks

@@ -11,7 +11,7 @@ _registered = False
 
 
 def register() -> None:
-    """Register vllm-specx's draft architectures and install its vLLM hooks (idempotent)."""
+    """Register vllm-specx's methods' draft architectures and install its vLLM patches (idempotent)."""
     global _registered
     if _registered:
         return

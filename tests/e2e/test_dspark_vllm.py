@@ -4,9 +4,8 @@ the pure-PyTorch reference, greedy output equals no-spec output, and a random he
 import pytest
 from vllm import SamplingParams
 
-from vllm_specx import testing as T
-
-from .helpers import load_target, random_draft, reference_drafts, write
+from .. import helpers as T
+from ..helpers import load_target, random_draft, reference_drafts, write
 
 pytestmark = pytest.mark.e2e
 N = 7
@@ -25,7 +24,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def nospec_outputs(prompts):
-    with T.cpu_llm() as llm:
+    with T.cpu_llm(T.REF_TARGET) as llm:
         return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
 
@@ -53,8 +52,8 @@ def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, 
     draft = random_draft(target, anchor=(fmt == "specx"))
     spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
             "draft_sample_method": "probabilistic" if fmt == "specx" else "greedy"}
-    with T.cpu_llm(speculative_config=spec) as llm:
-        assert llm.collective_rpc(T.drafter_class) == ["vllm_specx.proposers.dspark.DSparkProposer"]
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        assert llm.collective_rpc(T.drafter_class) == ["vllm_specx.methods.dspark.proposer.DSparkProposer"]
         _check_drafts_match_reference(llm, target, draft, prompts[0])
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         metrics = T.spec_metrics(llm)

@@ -13,9 +13,8 @@ fail the same test (p far below alpha): the test can fail.
 import pytest
 import torch
 
-from vllm_specx import testing as T
-
-from .helpers import load_target, write, write_eagle3_head
+from .. import helpers as T
+from ..helpers import load_target, write, write_eagle3_head
 
 pytestmark = pytest.mark.e2e
 N, L = 2000, 4
@@ -30,7 +29,7 @@ def _sample(spec, monkeypatch, repair="1", sampler="specx") -> dict[str, list[li
     monkeypatch.setenv("VLLM_SPECX_SAMPLER", sampler)
     prompt = T.load_prompts("code", limit=1)[0]
     out = {}
-    with T.cpu_llm(speculative_config=spec, max_num_seqs=256) as llm:
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec, max_num_seqs=256) as llm:
         for name, kw in SETTINGS.items():
             res = llm.generate([prompt] * N, SamplingParams(max_tokens=L, ignore_eos=True, **kw), use_tqdm=False)
             out[name] = [list(r.outputs[0].token_ids) for r in res]

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_specx.testing import REF_TARGET, load_prompts
-
-from .helpers import load_target, random_draft, write
+from ..helpers import REF_TARGET, load_prompts, load_target, random_draft, write
 
 pytestmark = pytest.mark.e2e
 

@@ -4,14 +4,15 @@ on CPU, read from vLLM's own spec-decode counters; greedy output unchanged."""
 import pytest
 
 from vllm_specx.eval import run_configs
-from vllm_specx.testing import ASSETS, load_prompts
+
+from ..helpers import ASSETS, REF_TARGET, load_prompts
 
 pytestmark = pytest.mark.e2e
 DRAFT = ASSETS / "drafts" / "ref-dspark"
 
 
 def test_committed_dspark_head_reaches_tau_above_1_5():
-    rows = run_configs({"no-spec": None,
+    rows = run_configs(REF_TARGET, {"no-spec": None,
                         "dspark": {"method": "dspark", "model": str(DRAFT), "num_speculative_tokens": 7}},
                        load_prompts("code", limit=16), max_tokens=64)
     spec = rows[1]

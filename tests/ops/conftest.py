@@ -1,17 +1,10 @@
-"""Fixtures for op tests: Triton kernels run on CPU through the interpreter when no GPU is present.
-
-TRITON_INTERPRET must be set before any `@triton.jit` function is created, so it is set here,
-at conftest import, before the test modules import the kernels (they import them lazily).
-"""
+"""Fixtures for op tests. Triton runs through the interpreter on CPU: `tests/conftest.py` sets
+TRITON_INTERPRET (and the per-test seed) for the whole suite."""
 
 import os
 
+import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture
@@ -26,11 +19,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
 
 
 def gathered_scores(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
         return
     from vllm import SamplingParams
 
-    from vllm_specx.testing import cpu_llm
+    from vllm_specx.engine import cpu_llm
 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
     with cpu_llm(target) as llm, open(out / "tokens.jsonl", "a") as f:
@@ -99,8 +99,8 @@ def load_samples(out: Path) -> list[dict]:
     return samples
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="vllm-specx gen-data", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--prompts", required=True, help="jsonl with 'id' and 'prompt'")
     ap.add_argument("--out", required=True)
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--taps", default="", help="comma-separated 0-based target layers; empty: tokens only")
     ap.add_argument("--limit", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out = Path(args.out)
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
     _check_meta(out, {"target": args.target, "taps": list(taps),

@@ -1,0 +1,137 @@
+"""Shared test helpers: the reference assets, random draft heads for the reference target, and
+worker-side spies.
+
+Worker-side helpers (`record_drafts`, `read_drafts`, `spy_rejection_sampler`, ...) are passed to
+`LLM.collective_rpc`, which runs them inside the vLLM worker with the worker as argument; the
+worker process imports them from this module (it is importable there: the engine's processes
+inherit the test process's `sys.path`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_specx import assets
+from vllm_specx.engine import cpu_llm  # noqa: F401  (re-exported for the tests)
+from vllm_specx.methods.dspark.checkpoint import save
+from vllm_specx.methods.dspark.config import DSparkDraftConfig
+from vllm_specx.methods.dspark.model import DSparkDraft
+from vllm_specx.metrics import spec_metrics  # noqa: F401  (re-exported for the tests)
+from vllm_specx.training.taps import embed_and_head, load_target, target_taps  # noqa: F401
+
+ASSETS = assets.root()
+REF_TARGET = ASSETS / "ref-target"
+load_prompts = assets.load_prompts
+
+
+def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0) -> DSparkDraft:
+    cfg = DSparkDraftConfig.for_target(
+        target.config.to_dict(), target_layer_ids=taps, num_hidden_layers=layers, block_size=block_size,
+        mask_token_id=2, markov_rank=32, sample_from_anchor=anchor)
+    torch.manual_seed(seed)
+    draft = DSparkDraft(cfg, *embed_and_head(target))
+    for p in draft.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.05)  # large enough that argmaxes are far from ties
+    return draft
+
+
+def write(draft: DSparkDraft, path, fmt="specx") -> str:
+    save(draft, path, fmt, **({"verifier": str(REF_TARGET)} if fmt == "speculators" else {}))
+    return str(path)
+
+
+def reference_drafts(target, draft: DSparkDraft, prefix: list[int], anchor: int, n: int) -> list[int]:
+    taps = target_taps(target, torch.tensor([prefix]), draft.cfg.target_layer_ids)[0]
+    return draft.greedy_drafts(taps, anchor, n)
+
+
+def write_eagle3_head(target, path, taps=(1, 4, 6), seed=0) -> str:
+    """A random-init EAGLE-3 head in vLLM's native format (llama_eagle3), sharing the target's
+    embeddings and lm_head: enough to exercise vLLM's built-in EAGLE-3 path end to end."""
+    import json
+    from pathlib import Path
+
+    from vllm_specx.checkpoint import save_tensors, to_aux_ids
+
+    c = target.config
+    h, hd, kv, inter = c.hidden_size, c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+    q = c.num_attention_heads * hd
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=g) * 0.05  # noqa: E731
+    tensors = {
+        "fc.weight": rnd(h, h * len(taps)), "norm.weight": torch.ones(h),
+        "midlayer.input_layernorm.weight": torch.ones(h), "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": rnd(q, 2 * h), "midlayer.self_attn.k_proj.weight": rnd(kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rnd(kv, 2 * h), "midlayer.self_attn.o_proj.weight": rnd(h, q),
+        "midlayer.mlp.gate_proj.weight": rnd(inter, h), "midlayer.mlp.up_proj.weight": rnd(inter, h),
+        "midlayer.mlp.down_proj.weight": rnd(h, inter),
+    }
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+              "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_key_value_heads, "head_dim": hd, "intermediate_size": inter,
+              "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size, "draft_vocab_size": c.vocab_size,
+              "max_position_embeddings": c.max_position_embeddings, "rope_theta": 10000.0,
+              "target_hidden_size": h, "num_aux_hidden_states": len(taps),
+              "eagle_aux_hidden_state_layer_ids": to_aux_ids(taps), "tie_word_embeddings": False}
+    Path(path).mkdir(parents=True, exist_ok=True)
+    (Path(path) / "config.json").write_text(json.dumps(config, indent=2))
+    save_tensors(path, tensors)
+    return str(path)
+
+
+# ---- worker-side helpers (run through LLM.collective_rpc) -------------------------------------
+
+def drafter_class(worker) -> str:
+    d = getattr(worker.model_runner, "drafter", None)
+    return f"{type(d).__module__}.{type(d).__qualname__}" if d is not None else "None"
+
+
+def rejection_sampler_info(worker) -> dict:
+    rs = worker.model_runner.rejection_sampler
+    return {"class": type(rs).__name__, "method": getattr(rs, "method", None),
+            "calls": getattr(rs, "calls", None)}
+
+
+def drafter_stats(worker) -> dict:
+    return dict(getattr(worker.model_runner.drafter, "stats", {}))
+
+
+def record_drafts(worker) -> None:
+    """Record (anchor ids, draft ids) of every DSparkProposer draft pass."""
+    d = worker.model_runner.drafter
+    if getattr(d, "_recorded", None) is not None:
+        d._recorded.clear()
+        return
+    d._recorded = []
+    orig = d._sample_draft_tokens
+
+    def _sample_draft_tokens(hidden_states, sampling_metadata):
+        ids, probs = orig(hidden_states, sampling_metadata)
+        batch = hidden_states.shape[0] // d.num_speculative_tokens
+        d._recorded.append((d._anchor_ids[:batch].tolist(), ids.view(batch, -1).tolist()))
+        return ids, probs
+
+    d._sample_draft_tokens = _sample_draft_tokens
+
+
+def read_drafts(worker) -> list:
+    return list(getattr(worker.model_runner.drafter, "_recorded", []))
+
+
+def spy_rejection_sampler(worker) -> None:
+    """Record what the runner's rejection sampler receives as draft probabilities."""
+    rs = worker.model_runner.rejection_sampler
+    rs._specx_seen = []
+    orig = rs.forward
+
+    def forward(metadata, draft_probs, *args, **kwargs):
+        rs._specx_seen.append(None if draft_probs is None else tuple(draft_probs.shape))
+        return orig(metadata, draft_probs, *args, **kwargs)
+
+    rs.forward = forward
+
+
+def read_rejection_spy(worker) -> list:
+    return list(getattr(worker.model_runner.rejection_sampler, "_specx_seen", []))

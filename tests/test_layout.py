@@ -1,0 +1,130 @@
+"""The layout's promises, checked on the source: no shared module names a method, every vLLM
+internal used outside `_vllm_compat` is listed in its manifest (and exists in the installed vLLM),
+and the package imports neither test helpers nor the source checkout's assets."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import vllm_specx
+from vllm_specx import _vllm_compat, registry
+from vllm_specx._vllm_compat import acceptance
+
+PKG = Path(vllm_specx.__file__).parent
+SOURCES = sorted(PKG.rglob("*.py"))
+
+
+def _names_of(method: registry.Method) -> list[str]:
+    return [method.name, *method.archs]
+
+
+def _mentions(text: str, words: list[str]) -> list[str]:
+    return [w for w in words if re.search(re.escape(w), text, re.IGNORECASE)]
+
+
+def _method_folder(method: registry.Method) -> Path:
+    return Path(inspect.getfile(method.config_cls)).parent
+
+
+def test_no_module_outside_a_methods_folder_names_it():
+    offenders = []
+    for method in registry.methods().values():
+        home = _method_folder(method)
+        for src in SOURCES:
+            if home in src.parents:
+                continue
+            hits = _mentions(src.read_text(), _names_of(method))
+            if hits:
+                offenders.append(f"{src.relative_to(PKG)} names {hits}")
+    assert not offenders, offenders
+
+
+def test_the_name_scan_can_fail():
+    """Negative control: the same scan finds each method's name inside its own folder."""
+    for method in registry.methods().values():
+        home = _method_folder(method)
+        inside = [s for s in SOURCES if home in s.parents and _mentions(s.read_text(), [method.name])]
+        assert inside, f"scan found no mention of {method.name!r} even in {home}"
+
+
+def _vllm_imports(src: Path) -> list[str]:
+    """'module:name' for every `from vllm.x import name`, 'module:' for `import vllm.x`."""
+    out = []
+    for node in ast.walk(ast.parse(src.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm."):
+            out += [f"{node.module}:{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [f"{a.name}:" for a in node.names if a.name.startswith("vllm.")]
+    return out
+
+
+def test_every_vllm_internal_used_outside_compat_is_in_the_manifest():
+    listed = set(_vllm_compat.vllm_internals())
+    compat = PKG / "_vllm_compat"
+    unlisted = [f"{src.relative_to(PKG)}: {imp}" for src in SOURCES if compat not in src.parents
+                for imp in _vllm_imports(src) if imp not in listed]
+    assert not unlisted, f"vLLM internals imported outside _vllm_compat and not listed: {unlisted}"
+
+
+def test_the_internals_scan_sees_real_imports():
+    """Negative control: the proposers' imports are found by the scanner (and are listed)."""
+    found = {imp for src in SOURCES for imp in _vllm_imports(src)}
+    assert "vllm.v1.spec_decode.dflash:DFlashProposer" in found
+    assert "vllm.v1.sample.rejection_sampler:RejectionSampler" in found
+
+
+def test_every_listed_internal_exists_in_the_installed_vllm():
+    missing = []
+    for name in _vllm_compat.vllm_internals():
+        try:
+            _vllm_compat.resolve(name)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{name}: {e}")
+    assert not missing, missing
+
+
+def test_rejection_sample_positional_contract():
+    from vllm.v1.sample import rejection_sampler
+
+    orig = getattr(rejection_sampler.rejection_sample, "__wrapped__", rejection_sampler.rejection_sample)
+    acceptance.check_contract(orig)
+
+    def changed(draft_token_ids, cu_num_draft_tokens, num_draft_tokens, max_spec_len, draft_probs,
+                target_logits, bonus_token_ids, sampling_metadata):
+        pass
+
+    with pytest.raises(RuntimeError, match="changed"):
+        acceptance.check_contract(changed)
+
+
+def _imports_of(src: Path) -> set[str]:
+    mods = set()
+    for node in ast.walk(ast.parse(src.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            mods.add(node.module)
+            mods.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+    return mods
+
+
+def test_the_package_imports_no_test_helpers_and_no_assets():
+    bad = []
+    for src in SOURCES:
+        if src.name == "assets.py":
+            continue
+        mods = _imports_of(src)
+        bad += [f"{src.relative_to(PKG)}: {m}" for m in mods
+                if m.split(".")[0] == "tests" or m in ("vllm_specx.assets", "vllm_specx.testing")]
+    assert not bad, bad
+
+
+def test_every_patch_lives_in_its_own_module():
+    modules = [p.make.__module__ for p in _vllm_compat.MANIFEST]
+    assert len(set(modules)) == len(modules), modules
+    assert all(m.startswith("vllm_specx._vllm_compat.") for m in modules)

@@ -1,0 +1,96 @@
+"""Shared PyTorch layers of the reference / trainer models (`methods/*/model.py`).
+
+Plain PyTorch, no vLLM: these define the math the vLLM-side models must match token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding. x: [..., T, heads, hd]; pos: [..., T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = pos.float()[..., None] * inv  # [..., T, hd/2]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    x1, x2 = x[..., : hd // 2].float(), x[..., hd // 2:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention.
+
+    Args:
+        q: [B, Q, heads, hd]; k, v: [B, S, kv_heads, hd] (heads a multiple of kv_heads);
+        mask: [B, Q, S] bool, True where a query may attend.
+    Returns:
+        [B, Q, heads * hd].
+    """
+    rep = q.shape[2] // k.shape[2]
+    q, k, v = (t.transpose(1, 2) for t in (q, k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)))
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1 / math.sqrt(q.shape[-1]))
+    return o.transpose(1, 2).flatten(2)
+
+
+class ContextDecoderLayer(nn.Module):
+    """One Qwen3 decoder layer (q/k RMSNorm, RoPE, GQA, SwiGLU MLP) whose attention also sees
+    externally supplied context K/V, as draft heads that attend to the target's states do.
+
+    `cfg` needs hidden_size, head_dim, num_attention_heads, num_key_value_heads,
+    intermediate_size, rms_norm_eps, rope_theta. Parameter names are vLLM's / transformers'.
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.rope_theta = cfg.rope_theta
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = nn.Module()
+        a = self.self_attn
+        a.q_proj = nn.Linear(h, self.heads * hd, bias=False)
+        a.k_proj = nn.Linear(h, self.kv_heads * hd, bias=False)
+        a.v_proj = nn.Linear(h, self.kv_heads * hd, bias=False)
+        a.o_proj = nn.Linear(self.heads * hd, h, bias=False)
+        a.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        a.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def kv(self, x: torch.Tensor, pos: torch.Tensor):
+        """K/V of inputs x [B, T, H] (already normed) at positions pos [B, T]."""
+        a = self.self_attn
+        k = a.k_norm(a.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim)))
+        v = a.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        return rope(k, pos, self.rope_theta), v
+
+    def forward(self, h, pos, ctx_k, ctx_v, mask):
+        """h: [B, Q, H] states; pos: [B, Q]; ctx_k/v: [B, T, kvh, hd]; mask: [B, Q, T+Q] bool."""
+        a = self.self_attn
+        x = self.input_layernorm(h)
+        q = rope(a.q_norm(a.q_proj(x).unflatten(-1, (self.heads, self.head_dim))), pos, self.rope_theta)
+        k, v = self.kv(x, pos)
+        h = h + a.o_proj(gqa_attention(q, torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1), mask))
+        x = self.post_attention_layernorm(h)
+        return h + self.mlp.down_proj(F.silu(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))

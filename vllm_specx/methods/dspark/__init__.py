@@ -1,0 +1,72 @@
+"""DSpark: a parallel block drafter (DFlash-style: fused target taps -> context K/V, one
+bidirectional pass over `[anchor, mask, ...]`) with a sequential low-rank Markov head.
+
+    config.py      DSparkDraftConfig, checked in __post_init__
+    checkpoint.py  read + write, vllm-specx and speculators formats (format_version checked)
+    model.py       the PyTorch reference / trainer model (MarkovHead, sequential_drafts)
+    vllm_model.py  the same math on vLLM's DFlash Qwen3 backbone (imports vLLM)
+    proposer.py    DSparkProposer, swapped into vLLM's V1 runner (imports vLLM)
+    train.py       trainer hooks
+
+Importing this package registers the method; it imports neither vLLM nor torch models.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm_specx import registry
+from vllm_specx.methods.dspark.checkpoint import METHOD_NAME, detect, read_config
+from vllm_specx.methods.dspark.config import SPECX_DSPARK_ARCH, DSparkDraftConfig
+
+UPSTREAM_ENV = "VLLM_SPECX_UPSTREAM_DSPARK"  # "auto" (default) | "specx" | "vllm"
+
+
+def defer_to_vllm(fmt: str, requested: str | None, v2_would_run: bool) -> bool:
+    """Our own checkpoints always take our route. Upstream (speculators-format) DSpark checkpoints
+    take it when vLLM would run the V1 model runner (where vLLM cannot run them at all), and stay
+    with vLLM's built-in DSpark on the V2 runner unless `VLLM_SPECX_UPSTREAM_DSPARK=specx`; with
+    no `method` given, vLLM's own detection keeps them."""
+    if fmt != "speculators":
+        return False
+    choice = os.environ.get(UPSTREAM_ENV, "auto")
+    if choice not in ("auto", "specx", "vllm"):
+        raise ValueError(f"{UPSTREAM_ENV}={choice!r}: expected auto, specx or vllm")
+    return requested is None or choice == "vllm" or (choice == "auto" and v2_would_run)
+
+
+def finish_hf(hf, cfg: DSparkDraftConfig) -> None:
+    """Mirror the config into the keys vLLM's DFlash plumbing reads from the draft's HF config."""
+    hf.eagle_aux_hidden_state_layer_ids = cfg.aux_layer_ids
+    hf.target_hidden_size = cfg.target_hidden_size
+    hf.mask_token_id = cfg.mask_token_id
+    hf.dflash_config = {**(getattr(hf, "dflash_config", None) or {}),
+                        "mask_token_id": cfg.mask_token_id, "causal": cfg.causal,
+                        "target_layer_ids": list(cfg.target_layer_ids), "use_aux_hidden_state": True}
+
+
+METHOD = registry.register(registry.Method(
+    name=METHOD_NAME,
+    config_cls=DSparkDraftConfig,
+    detect=detect,
+    read_config=read_config,
+    internal_method="dflash",
+    arch=SPECX_DSPARK_ARCH,
+    # vLLM's EAGLEConfig renames draft archs to "DFlash<arch>" for method dflash.
+    vllm_archs=("DFlash" + SPECX_DSPARK_ARCH,),
+    model_cls="vllm_specx.methods.dspark.vllm_model:SpecxDSparkForCausalLM",
+    proposer_cls="vllm_specx.methods.dspark.proposer:DSparkProposer",
+    finish_hf=finish_hf,
+    defer_to_vllm=defer_to_vllm,
+    trainer="vllm_specx.methods.dspark.train",
+    vllm_internals=(
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM",
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.load_weights",
+        "vllm.v1.spec_decode.dflash:DFlashProposer",
+        "vllm.v1.spec_decode.dflash:DFlashProposer.set_inputs_first_pass",
+        "vllm.v1.spec_decode.dflash:DFlashProposer._sample_draft_tokens",
+        "vllm.v1.spec_decode.llm_base_proposer:compute_probs_and_sample_next_token",
+    ),
+    description="parallel block drafter + sequential low-rank Markov head (vllm-specx and "
+                "speculators checkpoints)",
+))

@@ -1,0 +1,191 @@
+"""DSpark checkpoints, read and write, in both formats vllm-specx serves.
+
+A DSpark draft checkpoint is a directory with `config.json` and `*.safetensors`. Both formats store
+the same tensors (the names vLLM's DFlash/DSpark loaders use, `DSparkDraftConfig.expected_tensors`);
+they differ only in config.json:
+
+* **vllm-specx** (ours): a Qwen3 layer config (`model_type: "qwen3"`, `hidden_size`, ...) with
+  `architectures: ["SpecxDSparkModel"]` and a `specx` block:
+  `{"method": "dspark", "format_version": 1, "target_layer_ids": [...], "target_hidden_size": H,
+  "block_size": B, "mask_token_id": m, "markov_rank": r, "sample_from_anchor": true,
+  "causal": false}`. `format_version` is required; readers refuse versions they do not know.
+* **speculators** (`speculators_model_type: "dspark"`): the Qwen3 layer config sits in
+  `transformer_layer_config`, taps in `aux_hidden_state_layer_ids` (aux ids = layer index + 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllm_specx.checkpoint import (
+    check_tensors,
+    from_aux_ids,
+    load_tensors,
+    read_config_json,
+    save_tensors,
+    to_aux_ids,
+    write_config_json,
+)
+from vllm_specx.methods.dspark.config import SPECX_DSPARK_ARCH, DSparkDraftConfig
+
+METHOD_NAME = "dspark"
+FORMAT_VERSION = 1  # of the vllm-specx format; bump when its meaning changes, and read both
+
+
+def detect(raw: dict[str, Any]) -> str | None:
+    """'specx' or 'speculators' when `raw` (a config.json) claims to be a DSpark draft, else None."""
+    if raw.get("speculators_model_type") == METHOD_NAME:
+        return "speculators"
+    specx = raw.get("specx")
+    if (isinstance(specx, dict) and specx.get("method") == METHOD_NAME) or \
+            raw.get("architectures") == [SPECX_DSPARK_ARCH]:
+        return "specx"
+    return None
+
+
+def read_config(raw: dict[str, Any], where: str = "config.json") -> DSparkDraftConfig:
+    """Parse either format; ValueError naming `where` and the field on a bad config."""
+    if raw.get("speculators_model_type") == METHOD_NAME:
+        return _from_speculators(raw, where)
+    specx = raw.get("specx")
+    if not isinstance(specx, dict) or specx.get("method") != METHOD_NAME:
+        raise ValueError(
+            f"{where}: not a DSpark draft (needs a 'specx' block with method '{METHOD_NAME}', "
+            f"or speculators_model_type '{METHOD_NAME}')"
+        )
+    version = specx.get("format_version")
+    if version is None:
+        raise ValueError(f"{where}: missing required field 'specx.format_version'")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{where}: specx.format_version {version!r} is not supported by this "
+                         f"vllm-specx (reads version {FORMAT_VERSION}); upgrade vllm-specx")
+    return build_config(raw, specx, "specx", where, specx.get("target_layer_ids"))
+
+
+def read_pretrained(path: str | Path) -> DSparkDraftConfig:
+    return read_config(read_config_json(path), str(Path(path) / "config.json"))
+
+
+def _from_speculators(raw: dict[str, Any], where: str) -> DSparkDraftConfig:
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{where}: speculators DSpark needs a 'transformer_layer_config' dict")
+    aux = raw.get("aux_hidden_state_layer_ids")
+    if not aux:
+        raise ValueError(f"{where}: speculators DSpark needs 'aux_hidden_state_layer_ids'")
+    opts = dict(raw)
+    # speculators' own default is the 1+N fill-in layout (vLLM's translator agrees).
+    opts.setdefault("sample_from_anchor", False)
+    return build_config(layer, opts, "speculators", where, from_aux_ids(aux))
+
+
+def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkDraftConfig:
+    """A config from a Qwen3 layer dict and the DSpark options; errors name `where`."""
+    def need(d: dict, key: str):
+        if d.get(key) is None:
+            raise ValueError(f"{where}: missing required field '{key}'")
+        return d[key]
+
+    hidden = int(need(layer, "hidden_size"))
+    heads = int(need(layer, "num_attention_heads"))
+    if not taps:
+        raise ValueError(f"{where}: missing required field 'target_layer_ids'")
+    vocab = int(need(layer, "vocab_size"))
+    try:
+        return DSparkDraftConfig(
+            source_format=fmt,
+            target_layer_ids=tuple(sorted(int(t) for t in taps)),
+            target_hidden_size=int(opts.get("target_hidden_size") or hidden),
+            hidden_size=hidden,
+            vocab_size=vocab,
+            draft_vocab_size=int(opts.get("draft_vocab_size") or vocab),
+            num_hidden_layers=int(need(layer, "num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            intermediate_size=int(need(layer, "intermediate_size")),
+            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_theta(layer)),
+            block_size=int(need(opts, "block_size")),
+            mask_token_id=int(need(opts, "mask_token_id")),
+            markov_rank=int(need(opts, "markov_rank")),
+            sample_from_anchor=bool(opts.get("sample_from_anchor", True)),
+            causal=bool(opts.get("causal", False)),
+        )
+    except (TypeError, ValueError) as e:
+        if str(e).startswith(where):
+            raise
+        raise ValueError(f"{where}: {e}") from e
+
+
+def _rope_theta(layer: dict) -> float:
+    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
+    return rope.get("rope_theta") or layer.get("rope_theta") or 1e6
+
+
+def layer_config(cfg: DSparkDraftConfig) -> dict:
+    """The Qwen3 layer config of the draft, as transformers and vLLM read it."""
+    return {
+        "model_type": "qwen3", "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "vocab_size": cfg.vocab_size, "max_position_embeddings": 4096,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": False, "attention_bias": False,
+    }
+
+
+def save_specx(draft, path: str | Path, extra: dict | None = None) -> None:
+    """Write `draft` (a `model.DSparkDraft`) in vllm-specx format: config.json + model.safetensors (fp32)."""
+    c = draft.cfg
+    config = {
+        "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": "float32",
+        "specx": {
+            "method": METHOD_NAME, "format_version": FORMAT_VERSION,
+            "target_layer_ids": list(c.target_layer_ids),
+            "target_hidden_size": c.target_hidden_size, "block_size": c.block_size,
+            "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank,
+            "sample_from_anchor": c.sample_from_anchor, "causal": c.causal, **(extra or {}),
+        },
+    }
+    _write(draft, path, config)
+
+
+def save_speculators(draft, path: str | Path, verifier: str) -> None:
+    """Write `draft` as a speculators-format DSpark checkpoint (the fields vLLM's translator reads)."""
+    c = draft.cfg
+    config = {
+        "speculators_model_type": METHOD_NAME, "architectures": ["Qwen3DSparkModel"],
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": c.max_drafts}],
+                               "verifier": {"name_or_path": verifier}},
+        "transformer_layer_config": layer_config(c),
+        "aux_hidden_state_layer_ids": to_aux_ids(c.target_layer_ids),
+        "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank, "block_size": c.block_size,
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
+        "enable_confidence_head": False, "torch_dtype": "float32",
+    }
+    _write(draft, path, config)
+
+
+def save(draft, path: str | Path, fmt: str = "specx", **kw) -> None:
+    """Write `draft` in format `fmt` ("specx" or "speculators"; the latter needs `verifier=`)."""
+    {"specx": save_specx, "speculators": save_speculators}[fmt](draft, path, **kw)
+
+
+def _write(draft, path, config: dict) -> None:
+    write_config_json(path, config)
+    save_tensors(path, {k: v.float() for k, v in draft.state_dict().items()})
+
+
+def load_draft(path: str | Path, embed, lm_head):
+    """Load either format into the PyTorch model (checked against config.json first)."""
+    from vllm_specx.methods.dspark.model import DSparkDraft
+
+    cfg = read_pretrained(path)
+    check_tensors(path, cfg.expected_tensors())
+    draft = DSparkDraft(cfg, embed, lm_head)
+    draft.load_state_dict(load_tensors(path), strict=True)
+    return draft

@@ -1,0 +1,187 @@
+"""DSpark draft configuration and its checks (on every construction path) against a target.
+
+The two checkpoint formats that produce it are read and written in `checkpoint.py`; this module
+knows only the fields. Plain Python: no vLLM, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_specx.checkpoint import to_aux_ids
+
+SPECX_DSPARK_ARCH = "SpecxDSparkModel"
+SOURCE_FORMATS = ("specx", "speculators")
+
+_INT_FIELDS = ("target_hidden_size", "hidden_size", "vocab_size", "draft_vocab_size",
+               "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "intermediate_size", "block_size", "mask_token_id", "markov_rank")
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkDraftConfig:
+    """Everything the DSpark head needs beyond its Qwen3 layer shapes.
+
+    Every construction path (`checkpoint.read_config`, `for_target`, `DSparkDraftConfig(**d)` in a
+    vLLM worker) runs the same checks in `__post_init__`.
+
+    Attributes:
+        source_format: "specx" or "speculators".
+        target_layer_ids: 0-based target layers whose outputs are tapped, ascending.
+        target_hidden_size: hidden size of each tap.
+        hidden_size, vocab_size, draft_vocab_size, num_hidden_layers: draft shapes.
+        block_size: query slots of one parallel pass, the anchor slot included; vLLM's V1 runner
+            drafts at most `block_size - 1` tokens per pass.
+        mask_token_id: token fed to the non-anchor slots.
+        markov_rank: rank r of the Markov head (W1: [vocab, r], W2: [draft_vocab, r]).
+        sample_from_anchor: True: slot k predicts the token after slot k (anchor layout);
+            False: slot k >= 1 predicts its own position (fill-in layout, DFlash's).
+        causal: attention inside the query block is causal (False: bidirectional).
+    """
+
+    source_format: str
+    target_layer_ids: tuple[int, ...]
+    target_hidden_size: int
+    hidden_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int
+    mask_token_id: int
+    markov_rank: int
+    sample_from_anchor: bool
+    causal: bool
+
+    def __post_init__(self) -> None:
+        def fail(msg: str):
+            raise ValueError(f"DSpark draft config: {msg}")
+
+        if self.source_format not in SOURCE_FORMATS:
+            fail(f"source_format {self.source_format!r} not one of {SOURCE_FORMATS}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                fail(f"{name} must be an integer, got {value!r}")
+            if value < 0 or (value == 0 and name != "mask_token_id"):
+                fail(f"{name} must be positive, got {value}")
+        for name in ("sample_from_anchor", "causal"):
+            if not isinstance(getattr(self, name), bool):
+                fail(f"{name} must be true or false, got {getattr(self, name)!r}")
+        taps = self.target_layer_ids
+        if isinstance(taps, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in taps):
+            fail(f"target_layer_ids must be a list of integers, got {taps!r}")
+        taps = tuple(taps)
+        if not taps:
+            fail("missing required field 'target_layer_ids'")
+        if taps != tuple(sorted(set(taps))) or taps[0] < 0:
+            fail(f"target_layer_ids {list(taps)} must be distinct, ascending and >= 0")
+        object.__setattr__(self, "target_layer_ids", taps)  # a list from JSON becomes a tuple
+        if self.num_attention_heads % self.num_key_value_heads:
+            fail(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                 f"num_key_value_heads {self.num_key_value_heads}")
+        if self.block_size < 2:
+            fail("block_size must be >= 2 (anchor + at least one slot)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            fail(f"mask_token_id {self.mask_token_id} outside vocab_size {self.vocab_size}")
+        if self.draft_vocab_size != self.vocab_size:
+            fail(f"draft_vocab_size {self.draft_vocab_size} != vocab_size {self.vocab_size}: "
+                 "reduced draft vocabularies are not supported yet")
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            fail(f"rms_norm_eps ({self.rms_norm_eps}) and rope_theta ({self.rope_theta}) must be > 0")
+
+    @property
+    def max_drafts(self) -> int:
+        return self.block_size - 1
+
+    @property
+    def slot_offset(self) -> int:
+        """Draft k (0-based) is read from query slot k + slot_offset: 0 in the anchor layout (slot
+        k predicts the token after it), 1 in the fill-in layout (mask slots predict themselves)."""
+        return 0 if self.sample_from_anchor else 1
+
+    @property
+    def aux_layer_ids(self) -> list[int]:
+        """vLLM's aux-hidden-state ids of the taps."""
+        return to_aux_ids(self.target_layer_ids)
+
+    @classmethod
+    def for_target(cls, target: dict[str, Any], *, target_layer_ids, num_hidden_layers: int,
+                   block_size: int, mask_token_id: int, markov_rank: int,
+                   sample_from_anchor: bool = True, causal: bool = False) -> DSparkDraftConfig:
+        """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict)."""
+        from vllm_specx.methods.dspark.checkpoint import build_config
+
+        layer = {**target, "num_hidden_layers": num_hidden_layers}
+        opts = {"block_size": block_size, "mask_token_id": mask_token_id, "markov_rank": markov_rank,
+                "sample_from_anchor": sample_from_anchor, "causal": causal}
+        return build_config(layer, opts, "specx", "new draft", target_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
+
+    def summary(self) -> str:
+        return (f"{self.source_format} DSpark draft, block {self.block_size}, "
+                f"taps {list(self.target_layer_ids)}")
+
+    def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
+        """Raise ValueError naming the field when this draft cannot serve `target`.
+
+        Args:
+            target: the target's HF config as a dict (hidden_size, num_hidden_layers, vocab_size).
+            num_speculative_tokens: requested drafts per pass, or None.
+        """
+        layers = int(target["num_hidden_layers"])
+        bad = [t for t in self.target_layer_ids if t >= layers]
+        if bad:
+            raise ValueError(
+                f"DSpark draft target_layer_ids {list(self.target_layer_ids)}: layer(s) {bad} "
+                f"outside the target's {layers} layers (valid: 0..{layers - 1})"
+            )
+        shared = " (the draft shares the target's embeddings and lm_head)"
+        for mine, theirs, value, why in (
+                ("target_hidden_size", "hidden_size", self.target_hidden_size, ""),
+                ("hidden_size", "hidden_size", self.hidden_size, shared),
+                ("vocab_size", "vocab_size", self.vocab_size, shared)):
+            if value != int(target[theirs]):
+                raise ValueError(f"DSpark draft {mine} {value} != target {theirs} {target[theirs]}{why}")
+        if num_speculative_tokens is not None and num_speculative_tokens > self.max_drafts:
+            raise ValueError(
+                f"num_speculative_tokens {num_speculative_tokens} exceeds this DSpark draft's "
+                f"block: block_size {self.block_size} gives at most {self.max_drafts} drafts per pass"
+            )
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Checkpoint tensor names and shapes, as vLLM's DFlash/DSpark loaders name them."""
+        h, hd, inter = self.hidden_size, self.head_dim, self.intermediate_size
+        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
+        shapes: dict[str, tuple[int, ...]] = {
+            "fc.weight": (h, self.target_hidden_size * len(self.target_layer_ids)),
+            "hidden_norm.weight": (h,),
+            "norm.weight": (h,),
+            "markov_head.markov_w1.weight": (self.vocab_size, self.markov_rank),
+            "markov_head.markov_w2.weight": (self.draft_vocab_size, self.markov_rank),
+        }
+        for i in range(self.num_hidden_layers):
+            p = f"layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            })
+        return shapes

@@ -1,0 +1,81 @@
+"""DSparkProposer: vLLM's V1 DFlash proposer plus DSpark's sequential Markov sampling.
+
+One draft pass, as the V1 runner drives it (`SpecDecodeBaseProposer.propose`):
+1. the fused taps of the tokens the target just verified become context K/V in every draft layer;
+2. one non-causal forward over the query block `[anchor, mask, ..., mask]` (1 + N slots) gives a
+   hidden state per slot;
+3. here: base logits for the N sample slots, then left to right `logits_i = base_i +
+   markov_bias(prev)` (`model.sequential_drafts`), where prev is the anchor for i = 0 and draft
+   i-1 after that. Drafts are greedy (argmax) or, with `draft_sample_method: "probabilistic"`,
+   sampled at the request's temperature; then the draft probabilities go to the rejection sampler.
+
+Which slots are sampled depends on the checkpoint's layout (`DSparkDraftConfig.slot_offset`):
+fill-in (slot k predicts its own position; DFlash's V1 default, which vLLM's `sample_idx` already
+points at) samples slots 1..N, anchor layout (slot k predicts the token after it) slots 0..N-1.
+
+The vLLM internals used and overridden here are listed in this method's `vllm_internals`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from vllm.v1.spec_decode.dflash import DFlashProposer
+from vllm.v1.spec_decode.llm_base_proposer import compute_probs_and_sample_next_token
+
+from vllm_specx import registry
+from vllm_specx.methods.dspark.model import greedy_pick, sequential_drafts
+
+logger = logging.getLogger("vllm.specx")
+_VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
+
+
+class DSparkProposer(DFlashProposer):
+    def __init__(self, vllm_config, device, runner=None):
+        super().__init__(vllm_config, device, runner)
+        _, self.dspark = registry.config_of(self.draft_model_config.hf_config)  # validated
+        self._anchor_ids: torch.Tensor | None = None
+        spec = vllm_config.speculative_config
+        # vLLM keeps draft probabilities only for "standard"; our sampler's block verification
+        # needs them as well.
+        self._enable_probabilistic_draft_probs = (
+            spec.draft_sample_method == "probabilistic"
+            and spec.rejection_sample_method in ("standard", "block"))
+        # Counters a test or a user can read through `LLM.collective_rpc`.
+        self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
+        logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, "
+                    "Markov rank %d)", os.getpid(), self.dspark.block_size,
+                    "anchor" if self.dspark.sample_from_anchor else "fill-in",
+                    self.dspark.markov_rank)
+
+    def set_inputs_first_pass(self, target_token_ids, next_token_ids, *args, **kwargs):
+        self._anchor_ids = next_token_ids  # [batch] last verified token per request
+        self.stats["propose_calls"] += 1
+        num_tokens, sample_idx, cad = super().set_inputs_first_pass(
+            target_token_ids, next_token_ids, *args, **kwargs)
+        return num_tokens, sample_idx + (self.dspark.slot_offset - _VLLM_SLOT_OFFSET), cad
+
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        """Sample N drafts per request left to right with the Markov correction.
+
+        Args:
+            hidden_states: [batch * N, hidden], request-major sample-slot states.
+        Returns:
+            draft ids [batch * N] and, for probabilistic drafting, their distributions
+            [batch * N, vocab] (None when greedy).
+        """
+        n = self.num_speculative_tokens
+        batch = hidden_states.shape[0] // n
+        base = self.model.compute_logits(hidden_states).view(batch, n, -1)
+        probabilistic = self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy
+        if probabilistic:
+            self.stats["probabilistic_calls"] += 1
+
+            def pick(logits):
+                return compute_probs_and_sample_next_token(logits, sampling_metadata, self.use_fp64_gumbel)
+        else:
+            pick = greedy_pick
+        tokens, probs = sequential_drafts(base, self._anchor_ids[:batch], self.model.markov_bias, pick)
+        return tokens.reshape(-1), (probs.reshape(batch * n, -1) if probs is not None else None)

@@ -1,0 +1,208 @@
+"""The method registry: every speculative method vllm-specx serves or trains is one `Method` record.
+
+A method lives in its own folder (`vllm_specx/methods/<name>/`) and registers itself there::
+
+    METHOD = registry.register(registry.Method(name="<name>", config_cls=..., ...))
+
+Routing (the `SpeculativeConfig` patch), the `vllm-specx` CLI, `check`, the trainer and the
+benchmarks loop over `methods()` and never spell a method name. Built-in methods are found by
+importing every sub-package of `vllm_specx.methods`; other packages can add methods through the
+`vllm_specx.methods` entry-point group (each entry point is a module that registers on import).
+
+Nothing here imports vLLM: the front end, the trainer and the CLI share it.
+
+A method's draft config (`Method.config_cls`) is a frozen dataclass that validates itself in
+`__post_init__` (so a config rebuilt from a dict inside a vLLM worker is checked as strictly as one
+read from disk) and provides:
+
+* `source_format: str` - the checkpoint format it was read from;
+* `max_drafts: int` - drafts per pass when the user gives no `num_speculative_tokens`;
+* `check_target(target: dict, num_speculative_tokens: int | None)` - raise ValueError naming the
+  field when the draft cannot serve the target (`target` as `target_dims` returns it);
+* `expected_tensors() -> dict[str, tuple[int, ...]]` - checkpoint tensor names and shapes;
+* `to_dict() -> dict` - JSON-able fields, `config_cls(**to_dict())` rebuilds it;
+* `summary() -> str` - one line for `vllm-specx check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from vllm_specx.checkpoint import check_tensors, read_config_json
+
+ENTRY_POINT_GROUP = "vllm_specx.methods"
+# The target fields every draft is checked against (its HF text config).
+TARGET_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One speculative method.
+
+    Attributes:
+        name: the user-facing `method` of the speculative config (and the trainer's `--method`).
+        config_cls: the method's draft config class (protocol in the module docstring).
+        detect: `detect(raw config.json dict)` -> the checkpoint format this config.json claims
+            to be (for example "specx"), or None when it is not this method's checkpoint.
+        read_config: `read_config(raw, where)` -> config; raises ValueError naming the field and
+            `where` (the file) for a checkpoint that claims to be this method's but is bad.
+        internal_method: the vLLM method whose runner plumbing the proposer reuses.
+        arch: the draft architecture registered with vLLM's ModelRegistry.
+        model_cls: "module:Class" of the vLLM draft model.
+        proposer_cls: "module:Class" of the proposer swapped into vLLM's V1 runner.
+        vllm_archs: further architecture names vLLM's plumbing may look the model up by.
+        finish_hf: `finish_hf(draft hf_config, config)`: mirror the config into the HF-config keys
+            vLLM's plumbing reads (for its `internal_method`).
+        defer_to_vllm: `defer_to_vllm(fmt, requested_method, v2_would_run)`: True leaves a
+            detected checkpoint to vLLM's own implementation.
+        trainer: module with the trainer hooks (`add_args`, `build`, `make_batch`, `forward`,
+            `save`; see `vllm_specx.training.trainer`), or None when the method is not trainable.
+        vllm_internals: every vLLM internal the method's vLLM-side modules import or override
+            ("module:attr" or "module:Class.attr"); listed in `_vllm_compat`'s manifest and
+            checked against the installed vLLM.
+        description: one line for `vllm-specx methods`.
+    """
+
+    name: str
+    config_cls: type
+    detect: Callable[[dict], str | None]
+    read_config: Callable[[dict, str], Any]
+    internal_method: str
+    arch: str
+    model_cls: str
+    proposer_cls: str
+    vllm_archs: tuple[str, ...] = ()
+    finish_hf: Callable[[Any, Any], None] = lambda hf, cfg: None
+    defer_to_vllm: Callable[[str, str | None, bool], bool] = lambda fmt, requested, v2: False
+    trainer: str | None = None
+    vllm_internals: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return (self.arch, *self.vllm_archs)
+
+
+_METHODS: dict[str, Method] = {}
+_loaded = False
+
+
+def register(method: Method) -> Method:
+    """Add `method` (idempotent for the same record; a different record under a taken name or
+    architecture is an error)."""
+    old = _METHODS.get(method.name)
+    if old is not None and old != method:
+        raise ValueError(f"vllm-specx: method {method.name!r} is already registered")
+    for other in _METHODS.values():
+        if other.name != method.name and set(other.archs) & set(method.archs):
+            raise ValueError(f"vllm-specx: method {method.name!r} reuses architecture(s) of "
+                             f"{other.name!r}: {sorted(set(other.archs) & set(method.archs))}")
+    _METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    _METHODS.pop(name, None)
+
+
+def _load_methods() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import vllm_specx.methods as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.ispkg:
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+
+
+def methods() -> dict[str, Method]:
+    """Every registered method, by name (built-ins first, in folder order)."""
+    _load_methods()
+    return dict(_METHODS)
+
+
+def get(name: str) -> Method:
+    known = methods()
+    if name not in known:
+        raise ValueError(f"unknown vllm-specx method {name!r}; registered: {sorted(known)}")
+    return known[name]
+
+
+def detect(raw: dict[str, Any]) -> tuple[Method, str] | None:
+    """(method, format) of the registered method whose checkpoint `raw` (config.json) claims to be."""
+    found = [(m, fmt) for m in methods().values() if (fmt := m.detect(raw)) is not None]
+    if len(found) > 1:
+        raise ValueError(f"config.json is claimed by several methods: {[m.name for m, _ in found]}")
+    return found[0] if found else None
+
+
+def read_checkpoint(path: str | Path) -> tuple[Method, Any]:
+    """(method, config) of the draft checkpoint directory `path`; ValueError naming the file or
+    field when no registered method claims it or its config is bad."""
+    raw = read_config_json(path)
+    hit = detect(raw)
+    if hit is None:
+        raise ValueError(f"{Path(path) / 'config.json'}: not a checkpoint of any vllm-specx method "
+                         f"(registered: {sorted(methods())})")
+    return hit[0], hit[0].read_config(raw, str(Path(path) / "config.json"))
+
+
+def choose(requested: str | None, model: str | None, v2_would_run: bool) -> tuple[Method, Any] | None:
+    """The method (and its validated draft config) that serves a speculative config, or None to
+    leave the config to vLLM.
+
+    Args:
+        requested: the user's `method` (None when omitted).
+        model: the user's draft `model` (a local directory for our methods).
+        v2_would_run: whether vLLM would pick its V2 model runner for this engine.
+    """
+    if not model or not (Path(model) / "config.json").is_file():
+        return None
+    known = methods()
+    if requested is not None and requested not in known:
+        return None
+    raw = read_config_json(model)
+    hit = detect(raw)
+    if hit is None:
+        return None
+    method, fmt = hit
+    if requested not in (None, method.name):
+        return None
+    if method.defer_to_vllm(fmt, requested, v2_would_run):
+        return None
+    return method, method.read_config(raw, f"{model}/config.json")
+
+
+def target_dims(text_config) -> dict[str, Any]:
+    """The target fields drafts are checked against, from an HF (text) config object."""
+    return {k: getattr(text_config, k) for k in TARGET_FIELDS}
+
+
+def check_draft(method: Method, cfg, path: str | Path, target: dict[str, Any],
+                num_speculative_tokens: int | None) -> None:
+    """Every check that can run before an engine starts: config vs target, then the tensors."""
+    cfg.check_target(target, num_speculative_tokens)
+    check_tensors(path, cfg.expected_tensors())
+
+
+def config_of(hf_config):
+    """(method, validated config) that the route stored on a draft's HF config, or None.
+
+    Workers call this to rebuild the config from the dict the front end stored (`specx_config`);
+    the config class re-runs every check in `__post_init__`.
+    """
+    name = getattr(hf_config, "specx_route", None)
+    if not name:
+        return None
+    method = get(name)
+    return method, method.config_cls(**hf_config.specx_config)
