@@ -90,7 +90,7 @@ def op_inputs(inp, V, has_draft=True):
     """`AcceptanceInputs` from `make_inputs`: target and bonus rows softmaxed, host draws.
 
     The op columns time ready inputs with the value checks on (`validate=True`), so the rare
-    +inf noise entry (U = 0 in `draw_exp_noise`, probability 2^-24 each) becomes the largest
+    +inf noise entry (U = 0 in `draw_exp_noise`, probability 2^-53 each) becomes the largest
     float: finite, as the checks require, and a near-zero race key as +inf is a zero one.
     """
     from vllm_specx.ops.acceptance import AcceptanceInputs, draw_randomness

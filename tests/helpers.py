@@ -135,3 +135,51 @@ def spy_rejection_sampler(worker) -> None:
 
 def read_rejection_spy(worker) -> list:
     return list(getattr(worker.model_runner.rejection_sampler, "_specx_seen", []))
+
+
+def sampler_counters(worker) -> dict | None:
+    """The runner's rejection sampler: class, and (ours) forward calls and the acceptance op's
+    completed calls per method (`op_calls`, `random_op_calls`: counted inside the op's call)."""
+    rs = getattr(worker.model_runner, "rejection_sampler", None)
+    if rs is None:
+        return None
+    return {"class": type(rs).__name__, "method": getattr(rs, "method", None),
+            "calls": getattr(rs, "calls", None), "op_calls": dict(getattr(rs, "op_calls", {}) or {}),
+            "random_op_calls": dict(getattr(rs, "random_op_calls", {}) or {})}
+
+
+def record_draft_passes(worker, limit: int = 8) -> None:
+    """Record the first `limit` DSparkProposer passes as (anchor ids, draft ids, draft probs or
+    None) and what the rejection sampler then receives, (draft ids, draft_probs or None)."""
+    d, rs = worker.model_runner.drafter, worker.model_runner.rejection_sampler
+    d._specx_passes, rs._specx_verified = [], []
+    if not hasattr(d, "_specx_orig_sample"):
+        d._specx_orig_sample, rs._specx_orig_forward = d._sample_draft_tokens, rs.forward
+
+    def _sample_draft_tokens(hidden_states, sampling_metadata):
+        ids, probs = d._specx_orig_sample(hidden_states, sampling_metadata)
+        if len(d._specx_passes) < limit:
+            batch = hidden_states.shape[0] // d.num_speculative_tokens
+            d._specx_passes.append((d._anchor_ids[:batch].tolist(), ids.view(batch, -1).tolist(),
+                                    None if probs is None else probs.detach().cpu().clone()))
+        return ids, probs
+
+    def forward(metadata, draft_probs, *args, **kwargs):
+        if len(rs._specx_verified) < limit:
+            rs._specx_verified.append((metadata.draft_token_ids.tolist(),
+                                       None if draft_probs is None else draft_probs.detach().cpu().clone()))
+        return rs._specx_orig_forward(metadata, draft_probs, *args, **kwargs)
+
+    d._sample_draft_tokens, rs.forward = _sample_draft_tokens, forward
+
+
+def read_draft_passes(worker) -> tuple[list, list]:
+    """What `record_draft_passes` recorded, tensors as nested lists (exact for fp32; the RPC
+    reply does not carry tensors): rebuild them with `torch.tensor`."""
+    d, rs = worker.model_runner.drafter, worker.model_runner.rejection_sampler
+
+    def lists(rec):
+        return tuple(x.tolist() if isinstance(x, torch.Tensor) else x for x in rec)
+
+    return ([lists(r) for r in getattr(d, "_specx_passes", [])],
+            [lists(r) for r in getattr(rs, "_specx_verified", [])])

@@ -1,5 +1,7 @@
-"""The plugin entry point, its idempotence, the version gate, and the patch manifest."""
+"""The plugin entry point, its idempotence, the version gate, the patch manifest, and the
+install check: each patch's probe exercises its effect, and fails when the patch is broken."""
 
+import functools
 from importlib.metadata import entry_points
 
 import pytest
@@ -31,12 +33,47 @@ def test_every_patch_says_why_and_when_to_remove():
         assert p.why and p.remove_when and ":" in p.target
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0"])
+def test_every_patch_declares_a_probe_and_the_installed_patches_pass_it():
+    vllm_specx.register()
+    assert all(p.probe is not None for p in MANIFEST), [p.key for p in MANIFEST if p.probe is None]
+    _vllm_compat.check()
+    for p in MANIFEST:
+        if p.wrap:
+            assert _vllm_compat._resolve(p.target)[2].__wrapped__ is _vllm_compat.original(p.key)
+
+
+def _marked(fn):
+    setattr(fn, _vllm_compat._MARK, True)  # what HEAD's install() read to decide "took effect"
+    return fn
+
+
+BROKEN = {
+    # the target is vLLM's original again, carrying our marker
+    "original": lambda orig: _marked(functools.wraps(orig)(lambda *a, **k: orig(*a, **k))),
+    # the target does nothing, carrying our marker
+    "noop": lambda orig: _marked(functools.wraps(orig)(lambda *a, **k: None)),
+}
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+@pytest.mark.parametrize("key", [p.key for p in MANIFEST])
+def test_install_check_fails_when_a_patch_is_broken(monkeypatch, key, how):
+    """The check runs each patch's effect, so a target that only carries the marker fails it
+    (HEAD re-read the marker it had just set and passed)."""
+    vllm_specx.register()
+    p = _vllm_compat.get_patch(key)
+    owner, name, _ = _vllm_compat._resolve(p.target)
+    monkeypatch.setattr(owner, name, BROKEN[how](_vllm_compat.original(key)))
+    with pytest.raises(RuntimeError, match=f"patch '{key}' of {p.target} did not take effect"):
+        _vllm_compat.install()
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0"])
 def test_unsupported_vllm_version_fails_loudly(version):
     with pytest.raises(RuntimeError, match=f"found vLLM {version}"):
         check_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.3"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.3", "0.33.0", "0.33.2"])
 def test_supported_vllm_versions(version):
     check_version(version)

@@ -66,6 +66,10 @@ class Method:
         vllm_internals: every vLLM internal the method's vLLM-side modules import or override
             ("module:attr" or "module:Class.attr"); listed in `_vllm_compat`'s manifest and
             checked against the installed vLLM.
+        spec_options: `(field, verdict, note)` for the vLLM speculative-config fields whose
+            verdict for this method differs from (or is missing in) the shared table in
+            `vllm_specx._vllm_compat.route` (verdicts: honoured, vllm, irrelevant, internal,
+            refused; a set option whose verdict is refused fails at config time, naming it).
         description: one line for `vllm-specx methods`.
     """
 
@@ -83,6 +87,7 @@ class Method:
     trainer: str | None = None
     vllm_internals: tuple[str, ...] = ()
     description: str = ""
+    spec_options: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def archs(self) -> tuple[str, ...]:

@@ -8,6 +8,11 @@ position (categories with fewer than 5 expected counts pooled); the family of L 
 sampling settings is Bonferroni-corrected at alpha = 1e-4, so a correct sampler fails a config
 with probability < 1e-4. vLLM's built-in sampler with the CPU expand repair switched off must
 fail the same test (p far below alpha): the test can fail.
+
+Which verifier ran is proven from inside the worker, with the same engines: our
+SpecxRejectionSampler counts the acceptance op's completed calls per method actually passed to
+it, so the block config must show block calls (and no token-wise ones), the token-wise configs
+the reverse, and every DSpark verification step must be one of our op's calls.
 """
 
 import pytest
@@ -34,6 +39,7 @@ def _sample(spec, monkeypatch, repair="1", sampler="specx") -> dict[str, list[li
             res = llm.generate([prompt] * N, SamplingParams(max_tokens=L, ignore_eos=True, **kw), use_tqdm=False)
             out[name] = [list(r.outputs[0].token_ids) for r in res]
         out["tau"] = T.spec_metrics(llm)["tau"]
+        out["verifier"] = llm.collective_rpc(T.sampler_counters)[0]
     return out
 
 
@@ -104,12 +110,61 @@ CONFIGS = {
 }
 
 
+_RUNS: dict[str, dict] = {}  # one engine per config, shared by the tests below
+
+
+@pytest.fixture
+def run(drafts, monkeypatch):
+    def get(name: str) -> dict:
+        if name not in _RUNS:
+            _RUNS[name] = _sample(CONFIGS[name](drafts), monkeypatch)
+        return _RUNS[name]
+    return get
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_spec_decode_matches_nospec_distribution(name, drafts, nospec, monkeypatch):
-    got = _sample(CONFIGS[name](drafts), monkeypatch)
+def test_spec_decode_matches_nospec_distribution(name, nospec, run):
+    got = run(name)
     for setting in SETTINGS:
         p = _min_p_value(nospec[setting], got[setting])
         assert p > ALPHA / (L * len(SETTINGS)), f"{name} {setting}: min p = {p:.3g} (tau {got['tau']})"
+
+
+DSPARK = [n for n in CONFIGS if n.startswith("dspark")]
+
+
+def _op_calls(got: dict, name: str) -> dict:
+    v = got["verifier"]
+    assert v and v["class"] == "SpecxRejectionSampler", f"{name}: verified by {v}"
+    return v
+
+
+def test_block_verification_runs_when_configured(run):
+    v = _op_calls(run("dspark-probabilistic-block"), "block")
+    assert v["method"] == "block"
+    assert v["op_calls"].get("block", 0) > 0 and v["random_op_calls"].get("block", 0) > 0, v
+    assert v["op_calls"].get("token", 0) == 0, v
+
+
+@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts"])
+def test_token_wise_verification_runs_for_standard(name, run):
+    v = _op_calls(run(name), name)
+    assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v
+    assert v["op_calls"].get("block", 0) == 0, v
+
+
+@pytest.mark.parametrize("name", DSPARK)
+def test_every_dspark_verification_step_is_our_op(name, run):
+    """Not just the class name: each forward of the sampler completed one call of our op."""
+    v = _op_calls(run(name), name)
+    assert v["calls"] > 0 and sum(v["op_calls"].values()) == v["calls"], v
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in DSPARK])
+def test_vllm_methods_keep_vllms_sampler(name, run):
+    """The counters tell the samplers apart: vLLM's own methods are verified by vLLM's sampler."""
+    v = run(name)["verifier"]
+    assert v and v["class"] == "RejectionSampler" and not v["op_calls"], v
 
 
 def test_vllm_cpu_sampler_without_the_repair_is_not_lossless(drafts, nospec, monkeypatch):

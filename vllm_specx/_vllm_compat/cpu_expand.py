@@ -7,9 +7,10 @@ import os
 
 import torch
 
-from vllm_specx._vllm_compat import patch
+from vllm_specx._vllm_compat import patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EXPAND"
+TARGET = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"
 _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 
@@ -17,7 +18,7 @@ def repair_enabled() -> bool:
     return os.environ.get(REPAIR_ENV, "1") != "0"
 
 
-@patch("repair-cpu-expand", "vllm.utils.cpu_triton_utils:_expand_kernel_impl", wrap=False,
+@patch("repair-cpu-expand", TARGET, wrap=False,
        enabled=repair_enabled,
        why="vLLM's CPU replacement of rejection_sampler.expand_kernel converts a float output "
            "to a new int64 tensor and writes there, so expand_batch_to_tokens returns "
@@ -43,3 +44,26 @@ def cpu_expand_kernel_impl(orig):
     if isinstance(registered, dispatcher.KernelOverride):
         registered._impl = _expand_kernel_impl
     return _expand_kernel_impl
+
+
+@probe("repair-cpu-expand")
+def _probe_cpu_expand():
+    """The CPU expand kernel writes float values in place (with the replacement applied), and
+    when this process already registered vLLM's CPU kernel overrides, vLLM's own
+    expand_batch_to_tokens gives the same values."""
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+    x = torch.tensor([0.0, 1.25, 0.5])
+    want = torch.tensor([1.0, 1.0, 1.25, 1.25, 1.25, 0.5])
+    out = torch.full((6,), float("nan"))
+    resolve(TARGET)[2](out, x, cu, 0, 1, MAX_NUM_TOKENS=6)
+    if not torch.equal(out, want):
+        raise RuntimeError(f"the CPU expand kernel gave {out.tolist()}, expected {want.tolist()}")
+    from vllm.triton_utils import dispatcher
+
+    host, attr = dispatcher._resolve_kernel(_EXPAND_KERNEL)
+    if isinstance(getattr(host, attr), dispatcher.KernelOverride):
+        from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+        got = expand_batch_to_tokens(x, cu, 6, replace_from=0, replace_to=1)
+        if not torch.equal(got, want):
+            raise RuntimeError(f"expand_batch_to_tokens gave {got.tolist()}, expected {want.tolist()}")

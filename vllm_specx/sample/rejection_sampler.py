@@ -17,31 +17,75 @@ import contextvars
 import torch
 from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, generate_uniform_probs
 
-from vllm_specx.ops.acceptance import acceptance_sample, draw_exp_noise
+from vllm_specx.ops.acceptance import METHODS, acceptance_sample, draw_exp_noise
 
+# The acceptance method of the SpecxRejectionSampler running now (the seam's switch), and that
+# sampler itself (for its counters; None when the seam is driven without one, e.g. its probe).
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("specx_acceptance", default=None)
+_SAMPLER: contextvars.ContextVar[SpecxRejectionSampler | None] = contextvars.ContextVar(
+    "specx_rejection_sampler", default=None)
 
 
 class SpecxRejectionSampler(RejectionSampler):
+    """Counters (read in the worker, e.g. through `LLM.collective_rpc`): `calls` = forward calls;
+    `op_calls[m]` = verifications our acceptance op completed with method `m` ("token" /
+    "block"); `random_op_calls[m]` = those with at least one non-greedy request."""
+
     def __init__(self, sampler, spec_config, device, method: str = "token"):
         super().__init__(sampler, spec_config, device)
-        if method not in ("token", "block"):
+        if method not in METHODS:
             raise ValueError(f"acceptance method must be 'token' or 'block', got {method!r}")
         self.method = method
         self.calls = 0
+        self.op_calls = dict.fromkeys(METHODS, 0)
+        self.random_op_calls = dict.fromkeys(METHODS, 0)
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         self.calls += 1
-        token = _ACTIVE.set(self.method)
+        token, sampler = _ACTIVE.set(self.method), _SAMPLER.set(self)
         try:
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
         finally:
+            _SAMPLER.reset(sampler)
             _ACTIVE.reset(token)
 
 
 def active_method() -> str | None:
     """The acceptance method of the SpecxRejectionSampler running now, if any."""
     return _ACTIVE.get()
+
+
+def target_probs_or_raise(target_logits: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:
+    """`softmax(target_logits)` in fp32, refusing rows that are not a distribution.
+
+    A softmax row is NaN in every entry exactly when its logits hold a NaN or a `+inf`, or are
+    all `-inf` (max-subtract, exp, sum, divide: the NaN reaches the sum), so column 0 flags
+    them in `O(T)` (one host sync on CUDA). NaN or `+inf` logits are a numerical failure of the
+    target (vLLM clamps user logit biases to +-100): raise, naming the requests, instead of
+    emitting an arbitrary token (vLLM's sampler silently samples from such rows; it raises only
+    with `VLLM_RAISE_ON_LOGIT_NANS=1`, and only after sampling). All `-inf` rows (every token
+    masked, reachable through sampling parameters) become all-zero rows, from which the op emits
+    token 0, as vLLM's own sampler does for them.
+    """
+    probs = target_logits.softmax(-1, dtype=torch.float32)
+    bad = probs[:, 0].isnan()
+    if not bool(bad.any()):
+        return probs
+    rows = bad.nonzero().squeeze(1)
+    broken = target_logits.index_select(0, rows)
+    broken = (broken.isnan() | (broken == float("inf"))).any(-1)
+    if bool(broken.any()):
+        cu = torch.tensor(num_draft_tokens, device=rows.device).cumsum(0)
+        bad_rows = rows[broken]
+        reqs = torch.searchsorted(cu, bad_rows, right=True).unique().tolist()
+        raise RuntimeError(
+            f"vllm-specx: the target's logits contain NaN or +inf at {bad_rows.numel()} draft "
+            f"position(s) (rows {bad_rows.tolist()[:8]}) of request(s) {reqs} (batch indices): the "
+            f"target model's output is not a distribution, so its drafts cannot be verified. "
+            f"Check the model and its dtype; VLLM_COMPUTE_NANS_IN_LOGITS=1 makes vLLM count NaNs "
+            f"per request.")
+    probs[rows] = 0.0  # every token masked: no distribution; the op emits token 0
+    return probs
 
 
 def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
@@ -56,22 +100,40 @@ def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_n
         bonus_token_ids: [B, 1] sampled by vLLM's sampler from the bonus position.
     Returns:
         [B, max_spec_len + 1] int32, -1 padded.
+    Raises:
+        RuntimeError: NaN or +inf target logits (`target_probs_or_raise`).
+
+    Seeded requests (`sampling_metadata.generators`) draw from their own generator only what
+    their own drafts need, as vLLM's sampler does: their uniforms (`generate_uniform_probs`)
+    and, only when they have drafts, their noise vector. A request with zero drafts this step (it
+    was just prefilled next to decoding requests, or its drafts were cut) takes nothing from its
+    generator, so its tokens do not depend on what else is in the batch.
     """
     batch, (num_tokens, vocab) = len(num_draft_tokens), target_logits.shape
     device = target_logits.device
+    method = active_method() or "token"  # "token" when called directly (tests)
+    target_probs = target_probs_or_raise(target_logits, num_draft_tokens)
     if sampling_metadata.all_greedy:
         is_greedy = torch.ones(batch, dtype=torch.bool, device=device)
         uniforms = torch.zeros(num_tokens, dtype=torch.float64, device=device)
         exp_noise = torch.ones(batch, vocab, dtype=torch.float32, device=device)
     else:
+        generators = sampling_metadata.generators
         is_greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
-        uniforms = generate_uniform_probs(num_tokens, num_draft_tokens, sampling_metadata.generators, device)
-        exp_noise = draw_exp_noise(batch, vocab, sampling_metadata.generators, device)
+        uniforms = generate_uniform_probs(num_tokens, num_draft_tokens, generators, device)
+        with_drafts = {i: g for i, g in generators.items() if num_draft_tokens[i] > 0}
+        exp_noise = draw_exp_noise(batch, vocab, with_drafts, device)
     # The bonus token was already drawn by vLLM's sampler from the bonus distribution, with every
     # sampling parameter applied; as a one-hot "distribution" the op emits exactly that token.
     bonus_probs = torch.zeros(batch, vocab, dtype=torch.float32, device=device)
     bonus_probs.scatter_(1, bonus_token_ids.view(-1, 1).long(), 1.0)
-    return acceptance_sample(
-        draft_token_ids.long(), cu_num_draft_tokens, target_logits.softmax(-1, dtype=torch.float32),
-        bonus_probs, draft_probs, is_greedy, uniforms.double(), exp_noise, method=active_method(),
-        max_num_draft_tokens=max_spec_len, validate=False)
+    out = acceptance_sample(
+        draft_token_ids.long(), cu_num_draft_tokens, target_probs, bonus_probs, draft_probs,
+        is_greedy, uniforms.double(), exp_noise, method=method, max_num_draft_tokens=max_spec_len,
+        validate=False)
+    sampler = _SAMPLER.get()
+    if sampler is not None:
+        sampler.op_calls[method] += 1
+        if not sampling_metadata.all_greedy:
+            sampler.random_op_calls[method] += 1
+    return out

@@ -9,6 +9,18 @@ bidirectional pass over `[anchor, mask, ...]`) with a sequential low-rank Markov
     train.py       trainer hooks
 
 Importing this package registers the method; it imports neither vLLM nor torch models.
+
+Speculative-config options with a DSpark-specific verdict (`SPEC_OPTIONS`; every other field's
+verdict is in `vllm_specx._vllm_compat.route`):
+
+===========================  ========  ========================================================
+field                        verdict   note
+===========================  ========  ========================================================
+dspark_draft_topk            refused   vLLM's top-k Markov projection for its Qwen3DSparkModel;
+                                       this head scores the full vocabulary
+use_local_argmax_reduction   refused   the Markov head corrects the full base logits, so the
+                                       drafts cannot come from a vocab-parallel local argmax
+===========================  ========  ========================================================
 """
 
 from __future__ import annotations
@@ -45,6 +57,13 @@ def finish_hf(hf, cfg: DSparkDraftConfig) -> None:
                         "target_layer_ids": list(cfg.target_layer_ids), "use_aux_hidden_state": True}
 
 
+SPEC_OPTIONS = (
+    ("dspark_draft_topk", "refused", "it configures vLLM's top-k Markov projection for its "
+     "Qwen3DSparkModel; vllm-specx's DSpark head scores the full vocabulary"),
+    ("use_local_argmax_reduction", "refused", "DSpark's Markov head corrects the full base "
+     "logits, so its drafts cannot come from a vocab-parallel local argmax"),
+)
+
 METHOD = registry.register(registry.Method(
     name=METHOD_NAME,
     config_cls=DSparkDraftConfig,
@@ -66,7 +85,9 @@ METHOD = registry.register(registry.Method(
         "vllm.v1.spec_decode.dflash:DFlashProposer.set_inputs_first_pass",
         "vllm.v1.spec_decode.dflash:DFlashProposer._sample_draft_tokens",
         "vllm.v1.spec_decode.llm_base_proposer:compute_probs_and_sample_next_token",
+        "vllm.v1.sample.sampler:_SAMPLING_EPS",
     ),
     description="parallel block drafter + sequential low-rank Markov head (vllm-specx and "
                 "speculators checkpoints)",
+    spec_options=SPEC_OPTIONS,
 ))

@@ -115,9 +115,9 @@ class DSparkDraft(nn.Module):
         return k + self.cfg.slot_offset
 
     @torch.no_grad()
-    def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:
-        """Reference drafts for one request: context = taps [T, n*Ht] at positions 0..T-1,
-        anchor token at position T. Returns the N greedy draft ids."""
+    def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
+        """Base logits [N, V] of the N sample slots for one request: context = taps [T, n*Ht] at
+        positions 0..T-1, anchor token at position T (no Markov correction yet)."""
         t, q = taps.shape[0], num_drafts + 1
         ids = torch.full((1, q), self.cfg.mask_token_id, dtype=torch.long)
         ids[0, 0] = anchor
@@ -125,7 +125,12 @@ class DSparkDraft(nn.Module):
         mask = block_mask(torch.tensor([[t]]), t, q, self.cfg.causal)[0][None].reshape(1, q, t + q)
         h = self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask)[0]
         slots = [self.slot_of_draft(k) for k in range(num_drafts)]
-        base = (h[slots] @ self.lm_head.t())[None]  # [1, N, V]
+        return h[slots] @ self.lm_head.t()
+
+    @torch.no_grad()
+    def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:
+        """Reference greedy drafts for one request (see `base_logits`). Returns the N draft ids."""
+        base = self.base_logits(taps, anchor, num_drafts)[None]  # [1, N, V]
         drafts, _ = sequential_drafts(base, torch.tensor([anchor]), self.markov_bias, greedy_pick)
         return drafts[0].tolist()
 

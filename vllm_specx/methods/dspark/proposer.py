@@ -7,7 +7,8 @@ One draft pass, as the V1 runner drives it (`SpecDecodeBaseProposer.propose`):
 3. here: base logits for the N sample slots, then left to right `logits_i = base_i +
    markov_bias(prev)` (`model.sequential_drafts`), where prev is the anchor for i = 0 and draft
    i-1 after that. Drafts are greedy (argmax) or, with `draft_sample_method: "probabilistic"`,
-   sampled at the request's temperature; then the draft probabilities go to the rejection sampler.
+   sampled at the request's temperature (`probabilistic_pick`); then the draft probabilities go
+   to the rejection sampler.
 
 Which slots are sampled depends on the checkpoint's layout (`DSparkDraftConfig.slot_offset`):
 fill-in (slot k predicts its own position; DFlash's V1 default, which vLLM's `sample_idx` already
@@ -22,11 +23,12 @@ import logging
 import os
 
 import torch
+from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dflash import DFlashProposer
-from vllm.v1.spec_decode.llm_base_proposer import compute_probs_and_sample_next_token
 
 from vllm_specx import registry
 from vllm_specx.methods.dspark.model import greedy_pick, sequential_drafts
+from vllm_specx.ops.acceptance import draw_exp_noise
 
 logger = logging.getLogger("vllm.specx")
 _VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
@@ -72,10 +74,36 @@ class DSparkProposer(DFlashProposer):
         probabilistic = self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy
         if probabilistic:
             self.stats["probabilistic_calls"] += 1
-
-            def pick(logits):
-                return compute_probs_and_sample_next_token(logits, sampling_metadata, self.use_fp64_gumbel)
+            pick = probabilistic_pick(sampling_metadata, batch)
         else:
             pick = greedy_pick
         tokens, probs = sequential_drafts(base, self._anchor_ids[:batch], self.model.markov_bias, pick)
         return tokens.reshape(-1), (probs.reshape(batch * n, -1) if probs is not None else None)
+
+
+def probabilistic_pick(sampling_metadata, batch: int):
+    """`pick` for `sequential_drafts`: `logits [batch, V]` -> (drafts, `q = softmax(logits / T)`).
+
+    The same distribution vLLM's `compute_probs_and_sample_next_token` gives drafts (the request's
+    temperature only; top-k/top-p are not applied to drafts, which keeps verification lossless;
+    greedy requests in a mixed batch: temperature 1 and the argmax), sampled by the exponential
+    race with `draw_exp_noise`: seeded requests draw their noise from their own generator in
+    `sampling_metadata.generators` (vLLM's function uses the global RNG for every request, so a
+    seeded request's drafts, and with them its output, depended on its batch neighbours).
+    """
+    temperature = sampling_metadata.temperature[:batch]
+    greedy = None if sampling_metadata.all_random else temperature < _SAMPLING_EPS
+    if greedy is not None:
+        temperature = torch.where(greedy, 1.0, temperature)
+    temperature = temperature.view(-1, 1)
+    generators = sampling_metadata.generators
+
+    def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = (logits / temperature).softmax(-1, dtype=torch.float32)
+        noise = draw_exp_noise(batch, probs.shape[-1], generators, probs.device)
+        tokens = (probs / noise).argmax(-1)
+        if greedy is not None:
+            tokens = torch.where(greedy, probs.argmax(-1), tokens)
+        return tokens, probs
+
+    return pick

@@ -1,0 +1,84 @@
+"""The draft distributions vLLM's rejection sampler receives (`draft_probs`) are the reference
+DSpark head's Markov-corrected conditionals, token by token, for both checkpoint layouts.
+
+For draft k of a pass, `q_k = softmax((base_k + markov(prev_k)) / T)` with `prev_0` the anchor and
+`prev_k` the previously *sampled* draft (`vllm_specx.methods.dspark.model`: `DSparkDraft`, the
+block states and `sequential_drafts`' recursion, recomputed here from the same prefix). Drafts see
+only the request's temperature: top-p / top-k stay off the drafts (as in vLLM's
+`compute_probs_and_sample_next_token`; verification against the truncated target keeps it
+lossless), so the request uses both and q must be the untruncated softmax. One request, the first
+passes, a random head (`random_draft`) written in the vllm-specx anchor layout and in the
+speculators fill-in layout: 2 engines.
+"""
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from .. import helpers as T
+from ..helpers import load_target, random_draft, target_taps, write
+
+pytestmark = pytest.mark.e2e
+N, TEMP, PASSES = 7, 0.7, 4
+PARAMS = SamplingParams(temperature=TEMP, top_p=0.9, top_k=50, seed=5, max_tokens=2 * N + PASSES,
+                        ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(T.REF_TARGET)
+
+
+@torch.no_grad()
+def reference_conditionals(target, draft, prefix: list[int], anchor: int, drafts: list[int]) -> torch.Tensor:
+    """[len(drafts), V]: q_k given the prefix (context), the anchor and the sampled drafts < k."""
+    taps = target_taps(target, torch.tensor([prefix]), draft.cfg.target_layer_ids)[0]
+    base = draft.base_logits(taps, anchor, N)
+    out, prev = [], anchor
+    for k in range(len(drafts)):
+        logits = base[k] + draft.markov_bias(torch.tensor([prev]))[0]
+        out.append((logits / TEMP).softmax(-1))
+        prev = drafts[k]
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("fmt", ["specx", "speculators"])
+def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
+    draft = random_draft(target, anchor=(fmt == "specx"), seed=3)
+    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
+            "draft_sample_method": "probabilistic"}
+    prompt = T.load_prompts("code", limit=1)[0]
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        llm.collective_rpc(T.record_draft_passes)
+        out = llm.generate([prompt], PARAMS, use_tqdm=False)[0]
+        passes, verified = llm.collective_rpc(T.read_draft_passes)[0]
+    seq = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+    # Every step of a speculative engine is verified, the prefill step too (zero drafts, no q).
+    assert list(verified[0]) == [[], None], verified[0][0]
+    verified = verified[1:]
+    assert len(passes) >= PASSES and len(verified) >= PASSES, (len(passes), len(verified))
+    pos = len(out.prompt_token_ids)  # pass 0's anchor: the first generated token
+    worst = 0.0
+    for j in range(PASSES):
+        (anchors, drafts, probs), (ver_ids, ver_probs) = passes[j], verified[j]
+        assert anchors == [seq[pos]], f"pass {j}: anchor {anchors} != generated token {seq[pos]}"
+        drafts = drafts[0]
+        assert probs is not None and ver_probs is not None, "no draft distributions"
+        probs, ver_probs = torch.tensor(probs), torch.tensor(ver_probs)
+        assert probs.shape == (N, 4096), probs.shape
+        # What the sampler received is what the proposer produced (its first n rows if cut).
+        n = len(ver_ids)
+        assert 0 < n <= N and ver_ids == drafts[:n] and torch.equal(ver_probs, probs[:n]), f"pass {j}"
+        ref = reference_conditionals(target, draft, seq[:pos], seq[pos], drafts)
+        err = (probs - ref).abs().max().item()
+        worst = max(worst, err)
+        assert err < 1e-5, f"{fmt} pass {j}: max |q - reference| = {err:.3g}"
+        assert all(probs[k, x] > 0 for k, x in enumerate(drafts))  # sampled from q's support
+        assert (probs > 0).sum(1).min() > 50  # top-k 50 / top-p 0.9 not applied to the drafts
+        # Next anchor: the accepted drafts (the emitted tokens that continue the drafts), then
+        # the resampled or bonus token; a rejected draft is never re-emitted (its residual is 0).
+        a = 0
+        while a < n and pos + 1 + a < len(seq) and seq[pos + 1 + a] == drafts[a]:
+            a += 1
+        pos += a + 1
+    print(f"{fmt}: max |q - reference| over {PASSES} passes = {worst:.2e}")

@@ -1,0 +1,109 @@
+"""`specx_rejection_sample` (the serving entry of the acceptance op, what vLLM's `rejection_sample()`
+becomes under a SpecxRejectionSampler) on synthetic inputs, no engine: non-distribution target
+logits, per-request generators, and the counters that prove which method ran."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_specx.sample import rejection_sampler as rs
+
+V = 16
+
+
+def _inputs(num_draft, *, generators=None, all_greedy=False, seed=0):
+    """vLLM's positional rejection_sample() arguments for a batch with `num_draft` drafts each."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(num_draft), sum(num_draft)
+    cu = torch.tensor(num_draft, dtype=torch.int32).cumsum(0).int()
+    logits = torch.randn(T, V, generator=g)
+    drafts = torch.randint(0, V, (T,), generator=g, dtype=torch.int32)
+    draft_probs = torch.randn(T, V, generator=g).softmax(-1)
+    bonus = torch.randint(0, V, (B, 1), generator=g, dtype=torch.int32)
+    temperature = torch.full((B,), 0.0 if all_greedy else 1.0)
+    meta = SimpleNamespace(all_greedy=all_greedy, all_random=not all_greedy, temperature=temperature,
+                           generators=generators or {})
+    return [drafts, list(num_draft), max(num_draft), cu, draft_probs, logits, bonus, meta]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "posinf"])
+@pytest.mark.parametrize("all_greedy", [False, True], ids=["random", "greedy"])
+def test_nan_or_inf_target_logits_raise_naming_the_request(bad, all_greedy):
+    """Before: the op silently emitted token 0 (or the first NaN's index) for such rows."""
+    args = _inputs([2, 3, 1], all_greedy=all_greedy)
+    args[5][3, 7] = bad  # request 1's second draft row (rows 2..4 belong to request 1)
+    with pytest.raises(RuntimeError, match=r"NaN or \+inf.*rows \[3\].*request\(s\) \[1\]"):
+        rs.specx_rejection_sample(*args)
+
+
+def test_all_masked_target_row_emits_token_0_like_vllm():
+    """Every logit -inf (all tokens masked by sampling parameters): not a model failure, so no
+    error; the op emits token 0, which is what vLLM's own sampler returns for such a row."""
+    from vllm.v1.sample.ops.topk_topp_sampler import random_sample
+
+    args = _inputs([2, 1])
+    args[5][0] = float("-inf")  # request 0's first draft row: rejected there, resampled
+    args[0][0] = 5
+    out = rs.specx_rejection_sample(*args)
+    assert out[0].tolist() == [0, -1, -1]
+    vllm_token = random_sample(torch.full((1, V), float("-inf")).softmax(-1), {})
+    assert vllm_token.tolist() == [0]
+
+
+def test_finite_logits_do_not_raise_and_match_the_op():
+    args = _inputs([3, 0, 2])
+    out = rs.specx_rejection_sample(*args)
+    assert out.shape == (3, 4)
+
+
+def _state(g):
+    return g.get_state().clone()
+
+
+def test_zero_draft_seeded_request_draws_nothing_from_its_generator():
+    """vLLM's sampler skips a zero-draft request's generator "for reproducibility"; so must ours.
+    Before: every seeded request's generator gave V noise values even with zero drafts."""
+    g0, g1 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    s0, s1 = _state(g0), _state(g1)
+    rs.specx_rejection_sample(*_inputs([0, 2], generators={0: g0, 1: g1}))
+    assert torch.equal(_state(g0), s0), "the zero-draft request's generator was used"
+    assert not torch.equal(_state(g1), s1), "the request with drafts must draw from its generator"
+
+
+def test_seeded_request_does_not_depend_on_its_neighbours():
+    """A seeded request's step with 3 drafts emits the same tokens whether or not it went through
+    a zero-draft verification step before (next to other neighbours), and whatever the global RNG
+    state. Before: that zero-draft step took V noise values from its generator."""
+    mine = _inputs([3], seed=0)
+    outs = []
+    for earlier, global_seed in ((None, 0), ([0, 2], 1), ([0, 1, 4], 2)):
+        torch.manual_seed(global_seed)
+        g = torch.Generator().manual_seed(7)
+        if earlier is not None:  # the request (index 0) has no drafts yet; its neighbours do
+            rs.specx_rejection_sample(*_inputs(earlier, generators={0: g}, seed=global_seed))
+        args = _inputs([3, 2], generators={0: g}, seed=10 + global_seed)
+        for i in (0, 4, 5):  # drafts, draft_probs, logits: request 0 owns the first 3 rows
+            args[i][:3] = mine[i]
+        args[6][0] = mine[6][0]
+        outs.append(rs.specx_rejection_sample(*args)[0].tolist())
+    assert outs[0] == outs[1] == outs[2], outs
+
+
+def test_counters_record_the_method_passed_to_the_op(monkeypatch):
+    """`op_calls` counts completed op calls per method, from inside the call: the proof (read in
+    the worker by tests/e2e/test_lossless.py) that our op verified, with which method."""
+    seen = []
+    real = rs.acceptance_sample
+    monkeypatch.setattr(rs, "acceptance_sample", lambda *a, **k: seen.append(k["method"]) or real(*a, **k))
+    sampler = SimpleNamespace(op_calls={"token": 0, "block": 0}, random_op_calls={"token": 0, "block": 0})
+    for method, all_greedy in (("block", False), ("block", True), ("token", False)):
+        t1, t2 = rs._ACTIVE.set(method), rs._SAMPLER.set(sampler)
+        try:
+            rs.specx_rejection_sample(*_inputs([2, 1], all_greedy=all_greedy))
+        finally:
+            rs._SAMPLER.reset(t2)
+            rs._ACTIVE.reset(t1)
+    assert seen == ["block", "block", "token"]
+    assert sampler.op_calls == {"token": 1, "block": 2}
+    assert sampler.random_op_calls == {"token": 1, "block": 1}
