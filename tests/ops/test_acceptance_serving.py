@@ -2,6 +2,8 @@
 becomes under a SpecxRejectionSampler) on synthetic inputs, no engine: non-distribution target
 logits, per-request generators, and the counters that prove which method ran."""
 
+import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -27,13 +29,38 @@ def _inputs(num_draft, *, generators=None, all_greedy=False, seed=0):
     return [drafts, list(num_draft), max(num_draft), cu, draft_probs, logits, bonus, meta]
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "posinf"])
 @pytest.mark.parametrize("all_greedy", [False, True], ids=["random", "greedy"])
-def test_nan_or_inf_target_logits_raise_naming_the_request(bad, all_greedy):
-    """Before: the op silently emitted token 0 (or the first NaN's index) for such rows."""
+def test_nan_or_inf_target_logits_are_never_silent(bad, all_greedy, monkeypatch):
+    """Before: the op silently emitted token 0 (or the first NaN's index) for such rows. Now an
+    error naming the rows and requests is logged and the batch goes on (the request's drafts
+    from the bad row on are rejected, token 0 emitted there; the engine keeps serving), and
+    vLLM's own VLLM_RAISE_ON_LOGIT_NANS=1 turns it into an exception."""
     args = _inputs([2, 3, 1], all_greedy=all_greedy)
     args[5][3, 7] = bad  # request 1's second draft row (rows 2..4 belong to request 1)
-    with pytest.raises(RuntimeError, match=r"NaN or \+inf.*rows \[3\].*request\(s\) \[1\]"):
+    pattern = r"NaN or \+inf.*rows \[3\].*request\(s\) \[1\]"
+    monkeypatch.delenv(rs.RAISE_ENV, raising=False)
+    records = _Records()
+    logging.getLogger("vllm.specx").addHandler(records)
+    try:
+        out = rs.specx_rejection_sample(*args)
+    finally:
+        logging.getLogger("vllm.specx").removeHandler(records)
+    assert len(records.messages) == 1 and re.search(pattern, records.messages[0]), records.messages
+    emitted = out[1][out[1] >= 0].tolist()
+    assert out.shape == (3, 4) and 1 <= len(emitted) <= 2  # nothing accepted past the bad row
+    assert len(emitted) == 1 or emitted[1] == 0  # reaching the bad row: token 0 there
+    monkeypatch.setenv(rs.RAISE_ENV, "1")
+    with pytest.raises(RuntimeError, match=pattern):
         rs.specx_rejection_sample(*args)
 
 

@@ -13,6 +13,8 @@ that honours per-request seeds.
 from __future__ import annotations
 
 import contextvars
+import logging
+import os
 
 import torch
 from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, generate_uniform_probs
@@ -21,6 +23,9 @@ from vllm_specx.ops.acceptance import METHODS, acceptance_sample, draw_exp_noise
 
 # The acceptance method of the SpecxRejectionSampler running now (the seam's switch), and that
 # sampler itself (for its counters; None when the seam is driven without one, e.g. its probe).
+logger = logging.getLogger("vllm.specx")
+RAISE_ENV = "VLLM_RAISE_ON_LOGIT_NANS"  # vLLM's own switch for NaN logits
+
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("specx_acceptance", default=None)
 _SAMPLER: contextvars.ContextVar[SpecxRejectionSampler | None] = contextvars.ContextVar(
     "specx_rejection_sampler", default=None)
@@ -56,16 +61,18 @@ def active_method() -> str | None:
 
 
 def target_probs_or_raise(target_logits: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:
-    """`softmax(target_logits)` in fp32, refusing rows that are not a distribution.
+    """`softmax(target_logits)` in fp32, with rows that are not a distribution reported.
 
     A softmax row is NaN in every entry exactly when its logits hold a NaN or a `+inf`, or are
     all `-inf` (max-subtract, exp, sum, divide: the NaN reaches the sum), so column 0 flags
     them in `O(T)` (one host sync on CUDA). NaN or `+inf` logits are a numerical failure of the
-    target (vLLM clamps user logit biases to +-100): raise, naming the requests, instead of
-    emitting an arbitrary token (vLLM's sampler silently samples from such rows; it raises only
-    with `VLLM_RAISE_ON_LOGIT_NANS=1`, and only after sampling). All `-inf` rows (every token
-    masked, reachable through sampling parameters) become all-zero rows, from which the op emits
-    token 0, as vLLM's own sampler does for them.
+    target: vLLM's own sampler samples from such rows silently (and raises, after sampling,
+    only with `VLLM_RAISE_ON_LOGIT_NANS=1`). Here they are never silent: by default an error is
+    logged naming the rows and requests and those rows become all-zero (every draft there is
+    rejected and the op emits token 0, so the engine and the other requests of the batch go on);
+    with `VLLM_RAISE_ON_LOGIT_NANS=1` (vLLM's own switch) a RuntimeError is raised instead.
+    All `-inf` rows (every token masked, reachable through sampling parameters) become all-zero
+    rows, from which the op emits token 0, as vLLM's own sampler does for them.
     """
     probs = target_logits.softmax(-1, dtype=torch.float32)
     bad = probs[:, 0].isnan()
@@ -78,12 +85,13 @@ def target_probs_or_raise(target_logits: torch.Tensor, num_draft_tokens: list[in
         cu = torch.tensor(num_draft_tokens, device=rows.device).cumsum(0)
         bad_rows = rows[broken]
         reqs = torch.searchsorted(cu, bad_rows, right=True).unique().tolist()
-        raise RuntimeError(
-            f"vllm-specx: the target's logits contain NaN or +inf at {bad_rows.numel()} draft "
-            f"position(s) (rows {bad_rows.tolist()[:8]}) of request(s) {reqs} (batch indices): the "
-            f"target model's output is not a distribution, so its drafts cannot be verified. "
-            f"Check the model and its dtype; VLLM_COMPUTE_NANS_IN_LOGITS=1 makes vLLM count NaNs "
-            f"per request.")
+        msg = (f"vllm-specx: the target's logits contain NaN or +inf at {bad_rows.numel()} draft "
+               f"position(s) (rows {bad_rows.tolist()[:8]}) of request(s) {reqs} (batch indices): "
+               f"the target model's output is not a distribution there")
+        if os.environ.get(RAISE_ENV, "0") not in ("", "0"):
+            raise RuntimeError(f"{msg} ({RAISE_ENV}=1). Check the model and its dtype.")
+        logger.error("%s; their drafts are rejected and token 0 is emitted (set %s=1 to raise). "
+                     "Check the model and its dtype.", msg, RAISE_ENV)
     probs[rows] = 0.0  # every token masked: no distribution; the op emits token 0
     return probs
 
@@ -101,7 +109,8 @@ def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_n
     Returns:
         [B, max_spec_len + 1] int32, -1 padded.
     Raises:
-        RuntimeError: NaN or +inf target logits (`target_probs_or_raise`).
+        RuntimeError: NaN or +inf target logits with VLLM_RAISE_ON_LOGIT_NANS=1
+            (`target_probs_or_raise`; logged otherwise).
 
     Seeded requests (`sampling_metadata.generators`) draw from their own generator only what
     their own drafts need, as vLLM's sampler does: their uniforms (`generate_uniform_probs`)
