@@ -18,10 +18,10 @@ def test_entry_point_is_registered_with_vllm():
 
 def test_register_is_idempotent_and_every_patch_took_effect():
     vllm_specx.register()
-    first = [_vllm_compat._resolve(p.target)[2] for p in MANIFEST]
+    first = [_vllm_compat.resolve(p.target)[2] for p in MANIFEST]
     vllm_specx._registered = False  # force a second full install in this process
     vllm_specx.register()
-    second = [_vllm_compat._resolve(p.target)[2] for p in MANIFEST]
+    second = [_vllm_compat.resolve(p.target)[2] for p in MANIFEST]
     assert first == second  # not wrapped twice
     assert all(getattr(fn, _vllm_compat._MARK) for fn in second)
     from vllm import ModelRegistry
@@ -39,7 +39,7 @@ def test_every_patch_declares_a_probe_and_the_installed_patches_pass_it():
     _vllm_compat.check()
     for p in MANIFEST:
         if p.wrap:
-            assert _vllm_compat._resolve(p.target)[2].__wrapped__ is _vllm_compat.original(p.key)
+            assert _vllm_compat.resolve(p.target)[2].__wrapped__ is _vllm_compat.original(p.key)
 
 
 def _marked(fn):
@@ -62,7 +62,7 @@ def test_install_check_fails_when_a_patch_is_broken(monkeypatch, key, how):
     (HEAD re-read the marker it had just set and passed)."""
     vllm_specx.register()
     p = _vllm_compat.get_patch(key)
-    owner, name, _ = _vllm_compat._resolve(p.target)
+    owner, name, _ = _vllm_compat.resolve(p.target)
     monkeypatch.setattr(owner, name, BROKEN[how](_vllm_compat.original(key)))
     with pytest.raises(RuntimeError, match=f"patch '{key}' of {p.target} did not take effect"):
         _vllm_compat.install()

@@ -201,11 +201,8 @@ def resolve(target: str):
     return owner, name, getattr(owner, name)
 
 
-_resolve = resolve
-
-
 def _replace(p: Patch, make) -> None:
-    owner, name, orig = _resolve(p.target)
+    owner, name, orig = resolve(p.target)
     if getattr(orig, _MARK, False):
         return  # already installed in this process (checked by the probes, not by this mark)
     _ORIGINALS.setdefault(p.key, orig)

@@ -3,7 +3,6 @@ V1 runner right after the runner is built."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from vllm_specx._vllm_compat import (Blank, ProbeReached, acceptance, get_patch, logger, original,
@@ -11,11 +10,6 @@ from vllm_specx._vllm_compat import (Blank, ProbeReached, acceptance, get_patch,
 from vllm_specx._vllm_compat.route import DELEGATED_REJECTION
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__"
-
-
-def load_class(path: str):
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def choose_rejection_sampler(runner, vllm_config):
@@ -36,6 +30,11 @@ def choose_rejection_sampler(runner, vllm_config):
             raise ValueError(f"vllm-specx: rejection_sample_method {rsm!r} sets {modes} on the "
                              "rejection sampler, which vllm-specx's acceptance op does not implement")
     return sampler
+
+
+def load_class(path: str):
+    """The class named by "module:Class" (a method's proposer_cls)."""
+    return resolve(path)[2]
 
 
 @patch("swap-drafter", TARGET,
