@@ -24,7 +24,7 @@ if __name__ == "__main__":
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft", default=str(assets.path("drafts", "ref-dspark")),
                     help="a draft checkpoint of any registered vllm-specx method")
-    ap.add_argument("--ks", default="3,5,7")
+    ap.add_argument("--ks", default="3,5,7,8")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     configs = {"no-spec": None,

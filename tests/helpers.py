@@ -33,6 +33,8 @@ def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, se
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.05)  # large enough that argmaxes are far from ties
+        else:  # norm weights differ per layer, so a layer using another's norm shows
+            torch.nn.init.normal_(p, mean=1.0, std=0.3)
     return draft
 
 
@@ -109,7 +111,7 @@ def record_drafts(worker) -> None:
 
     def _sample_draft_tokens(hidden_states, sampling_metadata):
         ids, probs = orig(hidden_states, sampling_metadata)
-        batch = hidden_states.shape[0] // d.num_speculative_tokens
+        batch = hidden_states.shape[0] // d._rows  # hidden-state rows per request
         d._recorded.append((d._anchor_ids[:batch].tolist(), ids.view(batch, -1).tolist()))
         return ids, probs
 
@@ -159,7 +161,7 @@ def record_draft_passes(worker, limit: int = 8) -> None:
     def _sample_draft_tokens(hidden_states, sampling_metadata):
         ids, probs = d._specx_orig_sample(hidden_states, sampling_metadata)
         if len(d._specx_passes) < limit:
-            batch = hidden_states.shape[0] // d.num_speculative_tokens
+            batch = hidden_states.shape[0] // d._rows  # hidden-state rows per request
             d._specx_passes.append((d._anchor_ids[:batch].tolist(), ids.view(batch, -1).tolist(),
                                     None if probs is None else probs.detach().cpu().clone()))
         return ids, probs

@@ -64,6 +64,13 @@ def test_bad_draft_is_rejected_with_a_clear_error(tmp_path, good_draft, case):
         _engine_config(draft)
 
 
-def test_num_speculative_tokens_larger_than_block(good_draft):
-    with pytest.raises(Exception, match="num_speculative_tokens 8 exceeds this DSpark draft's block"):
-        _engine_config(good_draft, n=8)
+def test_num_speculative_tokens_larger_than_block(good_draft, tmp_path):
+    """Anchor layout: a block of 8 slots drafts up to 8 tokens; fill-in layout: up to 7."""
+    _engine_config(good_draft, n=8)
+    with pytest.raises(Exception, match=r"num_speculative_tokens 9 exceeds this DSpark draft's "
+                                        r"block: block_size 8 \(anchor layout\) gives at most 8"):
+        _engine_config(good_draft, n=9)
+    fill_in = write(random_draft(load_target(REF_TARGET), anchor=False), tmp_path / "fill-in")
+    with pytest.raises(Exception, match=r"num_speculative_tokens 8 exceeds this DSpark draft's "
+                                        r"block: block_size 8 \(fill-in layout\) gives at most 7"):
+        _engine_config(fill_in, n=8)

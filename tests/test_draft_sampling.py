@@ -23,9 +23,15 @@ class _Model:
     def markov_bias(self, prev):
         return self.markov[prev.long()]
 
+    def markov_stepper(self, slot_hidden):
+        return lambda prev, k, state: (self.markov_bias(prev), state)
+
+    def initial_state(self, anchors, slot0):
+        return None
+
 
 def _proposer(anchors):
-    return SimpleNamespace(num_speculative_tokens=N, model=_Model(), _enable_probabilistic_draft_probs=True,
+    return SimpleNamespace(num_speculative_tokens=N, _rows=N, model=_Model(), _enable_probabilistic_draft_probs=True,
                            stats={"propose_calls": 0, "probabilistic_calls": 0},
                            _anchor_ids=torch.tensor(anchors), use_fp64_gumbel=False)
 

@@ -51,3 +51,40 @@ def test_drafts_depend_on_the_markov_head_and_the_context():
     with torch.no_grad():
         d.markov_head.markov_w2.weight.mul_(50)
     assert d.greedy_drafts(taps, 7, 4) != base  # the Markov bias matters
+
+
+def _one_sample(length=24, prompt=6, vocab=50, taps_dim=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"ids": torch.randint(4, vocab, (length,), generator=g),
+            "taps": torch.randn(length, taps_dim, generator=g), "prompt_len": prompt}
+
+
+def test_trainer_trains_every_slot_of_the_block_and_serving_runs_the_same_block():
+    """A block of B slots: the anchor layout trains (and serves) B drafts, the fill-in layout B-1;
+    the trainer's teacher-forced logits equal the reference's serving-path logits for a full block
+    (same slots, same positions, same mask), so a head is served exactly as it was trained."""
+    import random
+    from types import SimpleNamespace
+
+    from vllm_specx.methods.dspark import train
+
+    for anchor, drafts in ((True, 5), (False, 4)):
+        d = tiny(anchor)
+        assert d.cfg.block_size == 5 and d.cfg.max_drafts == drafts
+        assert d.cfg.query_slots(drafts) == 5  # a full-width pass runs exactly the training block
+        args = SimpleNamespace(seq_len=24, anchors=3)
+        s = _one_sample()
+        b = train.batch(d, [s], random.Random(1), 1, args)
+        assert b["targets"].shape == (1, 3, drafts) and b["pos"].shape == (1, 3 * 5)
+        with torch.no_grad():
+            out = train.forward(d, b)
+        for j, a in enumerate(b["anchors"][0].tolist()):
+            base = d.base_logits(s["taps"][:a], int(s["ids"][a]), drafts)  # [drafts, V]
+            prev = b["prev"][0, j]
+            want = base + d.markov_bias(prev)
+            valid = b["targets"][0, j] != -100
+            assert valid.any()
+            k = int(valid.sum())  # targets are valid up to the end of the sequence
+            assert valid[:k].all() and prev[:k].tolist() == s["ids"][a:a + k].tolist()  # prev_k = x_{a+k}
+            torch.testing.assert_close(out.logits[0, j][valid], want[valid], atol=1e-4, rtol=1e-4)
+            assert b["targets"][0, j][:k].tolist() == s["ids"][a + 1:a + 1 + k].tolist()

@@ -50,7 +50,7 @@ def test_engine_config_routes_our_drafts(drafts):
     cfg = _engine_config({"method": "dspark", "model": drafts["specx"]})
     spec = cfg.speculative_config
     assert spec.draft_model_config.hf_config.specx_route == "dspark"
-    assert spec.num_speculative_tokens == 7  # defaults to the checkpoint's block - 1
+    assert spec.num_speculative_tokens == 8  # defaults to the checkpoint's full block (anchor layout)
     assert spec.draft_model_config.architectures == ["SpecxDSparkModel"]
     assert any("vllm-specx" in f for f in cfg._get_v2_model_runner_unsupported_features())
 

@@ -19,8 +19,9 @@ from .. import helpers as T
 from ..helpers import load_target, random_draft, target_taps, write
 
 pytestmark = pytest.mark.e2e
-N, TEMP, PASSES = 7, 0.7, 4
-PARAMS = SamplingParams(temperature=TEMP, top_p=0.9, top_k=50, seed=5, max_tokens=2 * N + PASSES,
+TEMP, PASSES = 0.7, 4
+NDRAFTS = {"specx": 8, "speculators": 7}  # a full block of 8 (anchor layout); 8 - 1 (fill-in)
+PARAMS = SamplingParams(temperature=TEMP, top_p=0.9, top_k=50, seed=5, max_tokens=2 * 8 + PASSES,
                         ignore_eos=True)
 
 
@@ -33,7 +34,7 @@ def target():
 def reference_conditionals(target, draft, prefix: list[int], anchor: int, drafts: list[int]) -> torch.Tensor:
     """[len(drafts), V]: q_k given the prefix (context), the anchor and the sampled drafts < k."""
     taps = target_taps(target, torch.tensor([prefix]), draft.cfg.target_layer_ids)[0]
-    base = draft.base_logits(taps, anchor, N)
+    base = draft.base_logits(taps, anchor, len(drafts))
     out, prev = [], anchor
     for k in range(len(drafts)):
         logits = base[k] + draft.markov_bias(torch.tensor([prev]))[0]
@@ -45,6 +46,7 @@ def reference_conditionals(target, draft, prefix: list[int], anchor: int, drafts
 @pytest.mark.parametrize("fmt", ["specx", "speculators"])
 def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
     draft = random_draft(target, anchor=(fmt == "specx"), seed=3)
+    N = NDRAFTS[fmt]
     spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
             "draft_sample_method": "probabilistic"}
     prompt = T.load_prompts("code", limit=1)[0]

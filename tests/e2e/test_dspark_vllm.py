@@ -8,7 +8,7 @@ from .. import helpers as T
 from ..helpers import load_target, random_draft, reference_drafts, write
 
 pytestmark = pytest.mark.e2e
-N = 7
+NDRAFTS = {"specx": 8, "speculators": 7}  # a full block of 8 (anchor layout); 8 - 1 (fill-in)
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
@@ -28,7 +28,7 @@ def nospec_outputs(prompts):
         return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
 
-def _check_drafts_match_reference(llm, target, draft, prompt):
+def _check_drafts_match_reference(llm, target, draft, prompt, n):
     """Run one request alone and compare every draft pass with the reference on the same prefix."""
     llm.collective_rpc(T.record_drafts)
     out = llm.generate([prompt], GREEDY)[0]
@@ -41,7 +41,8 @@ def _check_drafts_match_reference(llm, target, draft, prompt):
         # A random head never gets a draft accepted, so pass j's anchor is generated token j.
         pos = p + checked
         assert anchors == [seq[pos]]
-        assert drafts[0] == reference_drafts(target, draft, seq[:pos], seq[pos], N)
+        assert len(drafts[0]) == n
+        assert drafts[0] == reference_drafts(target, draft, seq[:pos], seq[pos], n)
         checked += 1
     return out
 
@@ -49,12 +50,13 @@ def _check_drafts_match_reference(llm, target, draft, prompt):
 @pytest.mark.parametrize("fmt", ["specx", "speculators"])
 def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, prompts,
                                                               nospec_outputs, fmt):
-    draft = random_draft(target, anchor=(fmt == "specx"))
-    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
+    draft = random_draft(target, anchor=(fmt == "specx"), layers=2)  # layer 2 has its own norms
+    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": NDRAFTS[fmt],
             "draft_sample_method": "probabilistic" if fmt == "specx" else "greedy"}
     with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
         assert llm.collective_rpc(T.drafter_class) == ["vllm_specx.methods.dspark.proposer.DSparkProposer"]
-        _check_drafts_match_reference(llm, target, draft, prompts[0])
+        _check_drafts_match_reference(llm, target, draft, prompts[0], NDRAFTS[fmt])
+        assert llm.collective_rpc(T.drafter_stats)[0]["query_slots"] == 8  # the training block
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         metrics = T.spec_metrics(llm)
         sampler = llm.collective_rpc(T.rejection_sampler_info)[0]

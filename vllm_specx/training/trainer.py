@@ -117,13 +117,24 @@ def train(args: argparse.Namespace) -> dict:
             log.append({"step": step + 1, "train_loss": round(loss.item(), 4), "val_loss": round(vloss.item(), 4),
                         "val_acc_per_pos": [round(a, 3) for a in vacc.tolist()], "est_tau": round(est_tau, 3)})
             tqdm.write(json.dumps(log[-1]))
-    record = {"command": "python -m vllm_specx.training.trainer " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "data": meta,
+    record = {"command": "python -m vllm_specx.training.trainer " + command_flags(args), "data": meta,
         "train_samples": len(train_set), "wall_s": round(time.time() - t0, 1), "log": log}
     h.save(model, args.out)
     (Path(args.out) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {args.out}")
     return record
+
+
+def command_flags(args: argparse.Namespace) -> str:
+    """The flags that re-run `args` (switches only when set; unset options left out)."""
+    out = []
+    for k, v in vars(args).items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is not None and v is not False:
+            out.append(f"{flag} {v}")
+    return " ".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:

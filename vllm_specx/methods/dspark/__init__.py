@@ -55,6 +55,15 @@ def finish_hf(hf, cfg: DSparkDraftConfig) -> None:
     hf.dflash_config = {**(getattr(hf, "dflash_config", None) or {}),
                         "mask_token_id": cfg.mask_token_id, "causal": cfg.causal,
                         "target_layer_ids": list(cfg.target_layer_ids), "use_aux_hidden_state": True}
+    # Every draft layer: vLLM's DFlash attention reads the window from layer_types/sliding_window
+    # (and the causality from dflash_config.causal, above).
+    if cfg.sliding_window is None:
+        hf.layer_types = ["full_attention"] * cfg.num_hidden_layers
+    else:
+        hf.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+        hf.sliding_window = cfg.sliding_window
+    hf.dflash_config.pop("use_swa", None)
+    hf.dflash_config.pop("swa_window_size", None)
 
 
 SPEC_OPTIONS = (
@@ -81,6 +90,8 @@ METHOD = registry.register(registry.Method(
     vllm_internals=(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM",
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.load_weights",
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_k",
+        "vllm._custom_ops:rms_norm",
         "vllm.v1.spec_decode.dflash:DFlashProposer",
         "vllm.v1.spec_decode.dflash:DFlashProposer.set_inputs_first_pass",
         "vllm.v1.spec_decode.dflash:DFlashProposer._sample_draft_tokens",

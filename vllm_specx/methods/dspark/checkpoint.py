@@ -8,9 +8,17 @@ they differ only in config.json:
   `architectures: ["SpecxDSparkModel"]` and a `specx` block:
   `{"method": "dspark", "format_version": 1, "target_layer_ids": [...], "target_hidden_size": H,
   "block_size": B, "mask_token_id": m, "markov_rank": r, "sample_from_anchor": true,
-  "causal": false}`. `format_version` is required; readers refuse versions they do not know.
-* **speculators** (`speculators_model_type: "dspark"`): the Qwen3 layer config sits in
-  `transformer_layer_config`, taps in `aux_hidden_state_layer_ids` (aux ids = layer index + 1).
+  "causal": false}`, optionally `"markov_head_type"` ("vanilla"), `"confidence_head"` (null) and
+  `"sliding_window"` (null). `format_version` is required; readers refuse versions they do not know.
+* **speculators** (`speculators_model_type: "dspark"`, as speculators 0.9.0's trainer writes it):
+  the Qwen3 layer config sits in `transformer_layer_config`, taps in `aux_hidden_state_layer_ids`
+  (aux ids = layer index + 1). Attention follows speculators' training mask: `layer_types` all
+  `sliding_attention` (speculators' default) means a context window of `sliding_window` and causal
+  attention inside the block unless `sliding_window_non_causal`; all `full_attention` (or no
+  `layer_types`) means bidirectional over the whole context; a mix is refused (vLLM's V1 runner
+  cannot run it). `markov_head_type`, `enable_confidence_head` and `confidence_head_with_markov`
+  are read with speculators' defaults; `sample_from_anchor` must be present (speculators
+  defaults it to true, vLLM's translator to false).
 """
 
 from __future__ import annotations
@@ -74,10 +82,41 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkDraftConfig:
     aux = raw.get("aux_hidden_state_layer_ids")
     if not aux:
         raise ValueError(f"{where}: speculators DSpark needs 'aux_hidden_state_layer_ids'")
-    opts = dict(raw)
-    # speculators' own default is the 1+N fill-in layout (vLLM's translator agrees).
-    opts.setdefault("sample_from_anchor", False)
+    if "sample_from_anchor" not in raw:
+        raise ValueError(
+            f"{where}: missing required field 'sample_from_anchor' (speculators 0.9.0 defaults it "
+            f"to true, vLLM's speculators translator to false; set it explicitly)")
+    opts = {k: v for k, v in raw.items() if k not in ("causal", "confidence_head", "sliding_window")}
+    opts["causal"], opts["sliding_window"] = _speculators_attention(layer, raw, where)
+    if raw.get("enable_confidence_head", True):
+        opts["confidence_head"] = ("hidden+markov" if raw.get("confidence_head_with_markov", True)
+                                   else "hidden")
     return build_config(layer, opts, "speculators", where, from_aux_ids(aux))
+
+
+def _speculators_attention(layer: dict, raw: dict, where: str) -> tuple[bool, int | None]:
+    """(causal, sliding_window) of a speculators DFlash-family draft, as its trainer masks it
+    (`speculators.models.dflash.attention.create_anchor_block_mask_mod`)."""
+    types = layer.get("layer_types")
+    if not types:
+        return False, None
+    n = layer.get("num_hidden_layers")
+    if n is not None and len(types) != int(n):
+        raise ValueError(f"{where}: transformer_layer_config.layer_types has {len(types)} entries "
+                         f"for {n} layers")
+    kinds = set(types)
+    if kinds == {"full_attention"}:
+        return False, None
+    if kinds == {"sliding_attention"}:
+        window = layer.get("sliding_window")
+        if window is None:
+            raise ValueError(f"{where}: sliding_attention layers need "
+                             "transformer_layer_config.sliding_window")
+        return not bool(raw.get("sliding_window_non_causal", False)), int(window)
+    raise ValueError(
+        f"{where}: transformer_layer_config.layer_types {types} mixes or names unknown attention "
+        f"types; vllm-specx serves drafts whose layers are all 'sliding_attention' or all "
+        f"'full_attention' (vLLM's V1 runner cannot run mixed DFlash layers)")
 
 
 def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkDraftConfig:
@@ -110,13 +149,23 @@ def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkD
             block_size=int(need(opts, "block_size")),
             mask_token_id=int(need(opts, "mask_token_id")),
             markov_rank=int(need(opts, "markov_rank")),
-            sample_from_anchor=bool(opts.get("sample_from_anchor", True)),
-            causal=bool(opts.get("causal", False)),
+            sample_from_anchor=_flag(opts, "sample_from_anchor", True),
+            causal=_flag(opts, "causal", False),
+            markov_head_type=opts.get("markov_head_type") or "vanilla",
+            confidence_head=opts.get("confidence_head"),
+            sliding_window=opts.get("sliding_window"),
         )
     except (TypeError, ValueError) as e:
         if str(e).startswith(where):
             raise
         raise ValueError(f"{where}: {e}") from e
+
+
+def _flag(opts: dict, key: str, default: bool) -> bool:
+    value = opts.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _rope_theta(layer: dict) -> float:
@@ -147,7 +196,9 @@ def save_specx(draft, path: str | Path, extra: dict | None = None) -> None:
             "target_layer_ids": list(c.target_layer_ids),
             "target_hidden_size": c.target_hidden_size, "block_size": c.block_size,
             "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank,
-            "sample_from_anchor": c.sample_from_anchor, "causal": c.causal, **(extra or {}),
+            "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
+            "markov_head_type": c.markov_head_type, "confidence_head": c.confidence_head,
+            "sliding_window": c.sliding_window, **(extra or {}),
         },
     }
     _write(draft, path, config)
@@ -156,16 +207,28 @@ def save_specx(draft, path: str | Path, extra: dict | None = None) -> None:
 def save_speculators(draft, path: str | Path, verifier: str) -> None:
     """Write `draft` as a speculators-format DSpark checkpoint (the fields vLLM's translator reads)."""
     c = draft.cfg
+    layer = layer_config(c)
+    if c.sliding_window is not None:
+        layer.update(layer_types=["sliding_attention"] * c.num_hidden_layers,
+                     sliding_window=c.sliding_window)
+    elif c.causal:
+        raise ValueError("the speculators format expresses causal draft attention only as "
+                         "sliding-window layers: give the draft a sliding_window, or save it in "
+                         "the vllm-specx format")
+    else:
+        layer["layer_types"] = ["full_attention"] * c.num_hidden_layers
     config = {
         "speculators_model_type": METHOD_NAME, "architectures": ["Qwen3DSparkModel"],
         "speculators_config": {"proposal_methods": [{"speculative_tokens": c.max_drafts}],
                                "verifier": {"name_or_path": verifier}},
-        "transformer_layer_config": layer_config(c),
+        "transformer_layer_config": layer,
         "aux_hidden_state_layer_ids": to_aux_ids(c.target_layer_ids),
-        "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank, "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank,
+        "markov_head_type": c.markov_head_type, "block_size": c.block_size,
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
-        "enable_confidence_head": False, "torch_dtype": "float32",
+        "sample_from_anchor": c.sample_from_anchor, "sliding_window_non_causal": not c.causal,
+        "enable_confidence_head": c.confidence_head is not None,
+        "confidence_head_with_markov": c.confidence_head == "hidden+markov", "torch_dtype": "float32",
     }
     _write(draft, path, config)
 

@@ -13,6 +13,8 @@ from vllm_specx.checkpoint import to_aux_ids
 
 SPECX_DSPARK_ARCH = "SpecxDSparkModel"
 SOURCE_FORMATS = ("specx", "speculators")
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+CONFIDENCE_HEADS = (None, "hidden", "hidden+markov")
 
 _INT_FIELDS = ("target_hidden_size", "hidden_size", "vocab_size", "draft_vocab_size",
                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -31,13 +33,24 @@ class DSparkDraftConfig:
         target_layer_ids: 0-based target layers whose outputs are tapped, ascending.
         target_hidden_size: hidden size of each tap.
         hidden_size, vocab_size, draft_vocab_size, num_hidden_layers: draft shapes.
-        block_size: query slots of one parallel pass, the anchor slot included; vLLM's V1 runner
-            drafts at most `block_size - 1` tokens per pass.
+        block_size: query slots of one parallel pass (training), the anchor slot included. The
+            anchor layout drafts up to `block_size` tokens per pass (slot k predicts the token
+            after it), the fill-in layout up to `block_size - 1` (slot 0 is the bonus anchor).
         mask_token_id: token fed to the non-anchor slots.
         markov_rank: rank r of the Markov head (W1: [vocab, r], W2: [draft_vocab, r]).
         sample_from_anchor: True: slot k predicts the token after slot k (anchor layout);
             False: slot k >= 1 predicts its own position (fill-in layout, DFlash's).
-        causal: attention inside the query block is causal (False: bidirectional).
+        causal: attention inside the query block is causal (False: bidirectional), every layer.
+        markov_head_type: the Markov head (speculators' `markov_head_type`; `model.MarkovHead`):
+            "vanilla" `W2 W1[prev]`, "gated" (a gate on W1[prev] from the slot's hidden state) or
+            "rnn" (a gated recurrent state over the block's slots).
+        confidence_head: None, or the input of the per-slot acceptance-probability head
+            (speculators' `enable_confidence_head`): "hidden" (the slot's hidden state) or
+            "hidden+markov" (also W1[prev]). Loaded and computable (`DSparkDraft.confidence_logits`);
+            drafting does not use it yet.
+        sliding_window: None (every draft layer attends to the whole context), or W: a query
+            block anchored at a sees context positions a - W .. a - 1 (speculators'
+            sliding-attention layers; every layer).
     """
 
     source_format: str
@@ -58,6 +71,9 @@ class DSparkDraftConfig:
     markov_rank: int
     sample_from_anchor: bool
     causal: bool
+    markov_head_type: str = "vanilla"
+    confidence_head: str | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         def fail(msg: str):
@@ -74,6 +90,13 @@ class DSparkDraftConfig:
         for name in ("sample_from_anchor", "causal"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            fail(f"markov_head_type {self.markov_head_type!r} not one of {list(MARKOV_HEAD_TYPES)}")
+        if self.confidence_head not in CONFIDENCE_HEADS:
+            fail(f"confidence_head {self.confidence_head!r} not one of {list(CONFIDENCE_HEADS)}")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            fail(f"sliding_window must be a positive integer or null, got {w!r}")
         taps = self.target_layer_ids
         if isinstance(taps, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                      for t in taps):
@@ -99,13 +122,22 @@ class DSparkDraftConfig:
 
     @property
     def max_drafts(self) -> int:
-        return self.block_size - 1
+        """Most drafts per pass: block_size (anchor layout), block_size - 1 (fill-in)."""
+        return self.block_size - self.slot_offset
+
+    def query_slots(self, num_drafts: int) -> int:
+        """Query slots of a pass that drafts `num_drafts` tokens: num_drafts + slot_offset."""
+        return num_drafts + self.slot_offset
 
     @property
     def slot_offset(self) -> int:
         """Draft k (0-based) is read from query slot k + slot_offset: 0 in the anchor layout (slot
         k predicts the token after it), 1 in the fill-in layout (mask slots predict themselves)."""
         return 0 if self.sample_from_anchor else 1
+
+    @property
+    def layout(self) -> str:
+        return "anchor" if self.sample_from_anchor else "fill-in"
 
     @property
     def aux_layer_ids(self) -> list[int]:
@@ -115,21 +147,25 @@ class DSparkDraftConfig:
     @classmethod
     def for_target(cls, target: dict[str, Any], *, target_layer_ids, num_hidden_layers: int,
                    block_size: int, mask_token_id: int, markov_rank: int,
-                   sample_from_anchor: bool = True, causal: bool = False) -> DSparkDraftConfig:
+                   sample_from_anchor: bool = True, causal: bool = False,
+                   markov_head_type: str = "vanilla", confidence_head: str | None = None,
+                   sliding_window: int | None = None) -> DSparkDraftConfig:
         """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict)."""
         from vllm_specx.methods.dspark.checkpoint import build_config
 
         layer = {**target, "num_hidden_layers": num_hidden_layers}
         opts = {"block_size": block_size, "mask_token_id": mask_token_id, "markov_rank": markov_rank,
-                "sample_from_anchor": sample_from_anchor, "causal": causal}
+                "sample_from_anchor": sample_from_anchor, "causal": causal,
+                "markov_head_type": markov_head_type, "confidence_head": confidence_head,
+                "sliding_window": sliding_window}
         return build_config(layer, opts, "specx", "new draft", target_layer_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
 
     def summary(self) -> str:
-        return (f"{self.source_format} DSpark draft, block {self.block_size}, "
-                f"taps {list(self.target_layer_ids)}")
+        return (f"{self.source_format} DSpark draft, block {self.block_size} ({self.layout} layout), "
+                f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head")
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
         """Raise ValueError naming the field when this draft cannot serve `target`.
@@ -155,7 +191,8 @@ class DSparkDraftConfig:
         if num_speculative_tokens is not None and num_speculative_tokens > self.max_drafts:
             raise ValueError(
                 f"num_speculative_tokens {num_speculative_tokens} exceeds this DSpark draft's "
-                f"block: block_size {self.block_size} gives at most {self.max_drafts} drafts per pass"
+                f"block: block_size {self.block_size} ({self.layout} layout) gives at most "
+                f"{self.max_drafts} drafts per pass"
             )
 
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
@@ -169,6 +206,15 @@ class DSparkDraftConfig:
             "markov_head.markov_w1.weight": (self.vocab_size, self.markov_rank),
             "markov_head.markov_w2.weight": (self.draft_vocab_size, self.markov_rank),
         }
+        r = self.markov_rank
+        if self.markov_head_type == "gated":
+            shapes.update({"markov_head.gate_proj.weight": (r, h + r), "markov_head.gate_proj.bias": (r,)})
+        elif self.markov_head_type == "rnn":
+            shapes.update({"markov_head.joint_proj.weight": (3 * r, 2 * r + h),
+                           "markov_head.joint_proj.bias": (3 * r,)})
+        if self.confidence_head is not None:
+            width = h + (r if self.confidence_head == "hidden+markov" else 0)
+            shapes.update({"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)})
         for i in range(self.num_hidden_layers):
             p = f"layers.{i}."
             shapes.update({

@@ -2,16 +2,21 @@
 
 Notation (one request): target tokens x_0..x_{L-1}; taps[t] = concat of the target's residual
 stream after each layer in `target_layer_ids`, for token t; anchor position a (the last verified
-token, which has no tap yet); N = block_size - 1 drafts.
+token, which has no tap yet); N drafts, N <= `max_drafts` (block_size in the anchor layout,
+block_size - 1 in the fill-in layout); o = `slot_offset` (0 anchor layout, 1 fill-in).
 
     c      = fc(taps[t])                      for every context position t < a
     K_l,V_l = RoPE(k_norm_l(Wk_l hn(c))), Wv_l hn(c)     hn = hidden_norm (RMSNorm)
-    block  = [x_a, m, ..., m] at positions a..a+N        m = mask_token_id, embedded by the target
+    block  = [x_a, m, ..., m] at positions a..a+N+o-1    (N + o query slots; m = mask_token_id,
+             embedded by the target)
     h      = Qwen3 layers over the block; each layer attends to [context K/V of that layer,
              the block's own K/V] (bidirectional inside the block unless `causal`)
-    base_k = lm_head(norm(h[s_k]))            s_k = k (anchor layout) or k + 1 (fill-in)
+    base_k = lm_head(norm(h[k + o]))
     draft k: logits_k = base_k + W2 W1[prev_k],  prev_0 = x_a, prev_k = draft k-1
              (teacher forcing in training: prev_k = x_{a+k}); draft k predicts x_{a+1+k}.
+
+So the anchor layout drafts a full block: B slots, B drafts (the anchor slot predicts x_{a+1});
+the fill-in layout (DFlash's) spends slot 0 on the anchor. Training uses B = block_size slots.
 
 This is exactly what `proposer.DSparkProposer` + `vllm_model.SpecxDSparkForCausalLM` compute inside
 vLLM; both use `MarkovHead` and `sequential_drafts` from here, so the head and the left-to-right
@@ -30,45 +35,140 @@ from vllm_specx.methods.dspark.config import DSparkDraftConfig
 
 
 class MarkovHead(nn.Module):
-    """The low-rank Markov logit correction `bias(prev) = W2 W1[prev]`.
+    """DSpark's sequential head: the logit correction of draft slot k from the previous token
+    (and, for "gated" / "rnn", the slot's hidden state), added to the slot's base logits.
 
-    `markov_w1`: Embedding [vocab, r] indexed by target-vocab token ids; `markov_w2`: Linear r ->
-    draft_vocab (weight [draft_vocab, r]). The same module (and tensor names) in the reference,
-    the trainer and vLLM.
+    With e_k = W1[prev_k] (Embedding [vocab, r]), W2 = Linear r -> draft_vocab (no bias) and h_k
+    the slot's post-norm hidden state [H] (speculators' `MarkovHead.block_bias`, same tensor names):
+
+        vanilla: bias_k = W2 e_k
+        gated:   bias_k = W2 (sigmoid(gate_proj([h_k; e_k])) * e_k)        gate_proj: H + r -> r
+        rnn:     g, c, o = split3(joint_proj([s_{k-1}; e_k; h_k]))         joint_proj: 2r + H -> 3r
+                 s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c),  s_{-1} = 0
+                 bias_k = W2 tanh(o)
+
+    The recurrent state runs over every query slot of the block in order (in the fill-in layout
+    slot 0, the anchor's, too: its bias is unused, its state is not). The same module is used by
+    the reference, the trainer and vLLM.
     """
 
-    def __init__(self, vocab_size: int, draft_vocab_size: int, rank: int):
+    def __init__(self, vocab_size: int, draft_vocab_size: int, rank: int, hidden_size: int = 0,
+                 head_type: str = "vanilla"):
         super().__init__()
+        self.head_type, self.rank = head_type, rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+        elif head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+        elif head_type != "vanilla":
+            raise ValueError(f"markov_head_type {head_type!r} not one of vanilla, gated, rnn")
+
+    @property
+    def recurrent(self) -> bool:
+        return self.head_type == "rnn"
+
+    def step(self, prev: torch.Tensor, hidden: torch.Tensor | None = None,
+             state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One slot: prev [B] ids, hidden [B, H] (not read by "vanilla"), state [B, r] or None
+        (the zero state) -> (bias [B, draft_vocab], the state after this slot; None unless "rnn")."""
+        e = self.markov_w1(prev.long())
+        if self.head_type == "vanilla":
+            return self.markov_w2(e), None
+        hidden = hidden.to(e.dtype)
+        if self.head_type == "gated":
+            return self.markov_w2(torch.sigmoid(self.gate_proj(torch.cat([hidden, e], -1))) * e), None
+        if state is None:
+            state = e.new_zeros(*e.shape[:-1], self.rank)
+        g, c, o = self.joint_proj(torch.cat([state, e, hidden], -1)).chunk(3, -1)
+        g = torch.sigmoid(g)
+        return self.markov_w2(torch.tanh(o)), g * state + (1.0 - g) * torch.tanh(c)
+
+    def block_bias(self, prev: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced bias of every slot of a block: prev [..., n] ids, hidden [..., n, H]
+        (slot order; the recurrent state starts at zero at slot 0) -> [..., n, draft_vocab]."""
+        if self.head_type == "vanilla":
+            return self.markov_w2(self.markov_w1(prev.long()))
+        if self.head_type == "gated":
+            return torch.stack([self.step(prev[..., k], hidden[..., k, :])[0]
+                                for k in range(prev.shape[-1])], -2)
+        state, out = None, []
+        for k in range(prev.shape[-1]):
+            bias, state = self.step(prev[..., k], hidden[..., k, :], state)
+            out.append(bias)
+        return torch.stack(out, -2)
 
     def forward(self, prev: torch.Tensor) -> torch.Tensor:
-        """prev: [...] token ids -> [..., draft_vocab] logit correction."""
+        """prev: [...] token ids -> [..., draft_vocab]: the "vanilla" bias `W2 W1[prev]`."""
+        if self.head_type != "vanilla":
+            raise RuntimeError(f"a {self.head_type!r} Markov head needs hidden states: use step()")
         return self.markov_w2(self.markov_w1(prev.long()))
 
 
+class ConfidenceHead(nn.Module):
+    """Per-slot acceptance-probability logit (speculators' `ConfidenceHead`): `proj([h_k (; e_k)])`,
+    `proj`: Linear(H [+ r], 1). Trained against the slot's acceptance rate; loaded so adaptive
+    drafting can read it, not used to draft."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.proj(features).squeeze(-1)
+
+
 def sequential_drafts(base_logits: torch.Tensor, anchor_ids: torch.Tensor,
-                      markov_bias: Callable[[torch.Tensor], torch.Tensor],
-                      pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]):
-    """DSpark's left-to-right draft loop: `logits_k = base_k + markov_bias(prev_k)`, prev_0 = the
-    anchor, prev_k = draft k-1, draft k = pick(logits_k).
+                      markov_step: Callable[[torch.Tensor, int, object], tuple[torch.Tensor, object]],
+                      pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+                      state=None):
+    """DSpark's left-to-right draft loop: `logits_k = base_k + bias_k`, where
+    `bias_k, state = markov_step(prev_k, k, state)`, prev_0 = the anchor, prev_k = draft k-1,
+    and draft k = pick(logits_k).
 
     Args:
         base_logits: [B, N, V] base logits of the N sample slots.
         anchor_ids: [B] last verified token per request.
-        markov_bias: [B] ids -> [B, V].
+        markov_step: (prev [B] ids, draft index k, state) -> (bias [B, V], state).
         pick: [B, V] logits -> (ids [B], probabilities [B, V] or None for greedy).
+        state: the head's state before draft 0 (None: the zero state, or no state).
     Returns:
         drafts [B, N] and their distributions [B, N, V] (None when `pick` returns none).
     """
     prev, tokens, probs = anchor_ids, [], []
     for k in range(base_logits.shape[1]):
-        tok, p = pick(base_logits[:, k] + markov_bias(prev))
+        bias, state = markov_step(prev, k, state)
+        tok, p = pick(base_logits[:, k] + bias)
         tokens.append(tok)
         if p is not None:
             probs.append(p)
         prev = tok
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None)
+
+
+def head_stepper(head: MarkovHead, slot_hidden: torch.Tensor | None, scale: float = 1.0):
+    """`markov_step` for `sequential_drafts` over the N sample slots' hidden states
+    slot_hidden [B, N, H] (None for a vanilla head)."""
+    def markov_step(prev, k, state):
+        bias, state = head.step(prev, None if slot_hidden is None else slot_hidden[:, k], state)
+        return (bias if scale == 1.0 else scale * bias), state
+    return markov_step
+
+
+def reads_anchor_slot(cfg: DSparkDraftConfig) -> bool:
+    """Whether drafting reads the anchor slot's state although no draft comes from it: the
+    recurrent head in the fill-in layout (its state runs over slot 0 first, as it was trained)."""
+    return cfg.markov_head_type == "rnn" and cfg.slot_offset == 1
+
+
+def initial_state(head: MarkovHead, cfg: DSparkDraftConfig, anchor_ids: torch.Tensor,
+                  slot0: torch.Tensor | None):
+    """The head's state before draft 0: after slot 0 (prev = the anchor, slot0 [B, H] its state)
+    when `reads_anchor_slot`, else None (the zero state, or a head without state)."""
+    if reads_anchor_slot(cfg):
+        return head.step(anchor_ids, slot0)[1]
+    return None
 
 
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -88,9 +188,14 @@ class DSparkDraft(nn.Module):
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(ContextDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank)
+        self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank, h,
+                                      cfg.markov_head_type)
+        if cfg.confidence_head is not None:
+            self.confidence_head = ConfidenceHead(h + (cfg.markov_rank if cfg.confidence_head ==
+                                                       "hidden+markov" else 0))
 
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
+        """The vanilla head's bias `W2 W1[prev]` (other head types: `markov_head.step`)."""
         return self.markov_head(prev)
 
     def block_states(self, taps, ctx_pos, ids, pos, mask):
@@ -114,38 +219,79 @@ class DSparkDraft(nn.Module):
     def slot_of_draft(self, k: int) -> int:
         return k + self.cfg.slot_offset
 
+    def slot_logits(self, h: torch.Tensor, slot_prev: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits of every query slot: base + Markov bias.
+
+        Args:
+            h: [..., Q, H] post-norm slot states (all Q slots of a block, slot order).
+            slot_prev: [..., Q] each slot's previous token (anchor layout: x_{a+k} for slot k;
+                fill-in: x_a for slots 0 and 1, x_{a+k-1} after).
+        Returns:
+            [..., Q, V]; draft k is slot `slot_of_draft(k)`.
+        """
+        return h @ self.lm_head.t() + self.markov_head.block_bias(slot_prev, h)
+
+    def confidence_logits(self, h: torch.Tensor, slot_prev: torch.Tensor) -> torch.Tensor:
+        """The confidence head's logit per slot (shapes as `slot_logits`, minus V)."""
+        if self.cfg.confidence_head is None:
+            raise ValueError("this DSpark draft has no confidence head")
+        if self.cfg.confidence_head == "hidden+markov":
+            h = torch.cat([h, self.markov_head.markov_w1(slot_prev.long()).to(h.dtype)], -1)
+        return self.confidence_head(h)
+
     @torch.no_grad()
-    def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
-        """Base logits [N, V] of the N sample slots for one request: context = taps [T, n*Ht] at
-        positions 0..T-1, anchor token at position T (no Markov correction yet)."""
-        t, q = taps.shape[0], num_drafts + 1
+    def query_states(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
+        """Post-norm states [Q, H] of the Q = `cfg.query_slots(num_drafts)` slots of one request's
+        pass, as vLLM runs it: context = taps [T, n*Ht] at positions 0..T-1, block
+        [anchor, mask, ...] at positions T..T+Q-1."""
+        t, q = taps.shape[0], self.cfg.query_slots(num_drafts)
         ids = torch.full((1, q), self.cfg.mask_token_id, dtype=torch.long)
         ids[0, 0] = anchor
         pos = torch.arange(t, t + q)[None]
-        mask = block_mask(torch.tensor([[t]]), t, q, self.cfg.causal)[0][None].reshape(1, q, t + q)
-        h = self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask)[0]
-        slots = [self.slot_of_draft(k) for k in range(num_drafts)]
-        return h[slots] @ self.lm_head.t()
+        mask = block_mask(torch.tensor([[t]]), t, q, self.cfg.causal, self.cfg.sliding_window)
+        return self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask)[0]
+
+    @torch.no_grad()
+    def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
+        """Base logits [N, V] of the N sample slots for one request (see `query_states`), before
+        the Markov correction."""
+        return self.query_states(taps, anchor, num_drafts)[self.cfg.slot_offset:] @ self.lm_head.t()
+
+    @torch.no_grad()
+    def draft(self, taps: torch.Tensor, anchor: int, num_drafts: int, pick=None):
+        """Reference drafts for one request: (ids [N], distributions [N, V] or None)."""
+        h = self.query_states(taps, anchor, num_drafts)
+        o = self.cfg.slot_offset
+        slots = h[o:][None]  # [1, N, H]
+        a = torch.tensor([anchor])
+        drafts, probs = sequential_drafts(slots @ self.lm_head.t(), a, head_stepper(self.markov_head, slots),
+                                          pick or greedy_pick,
+                                          initial_state(self.markov_head, self.cfg, a, h[:1]))
+        return drafts[0], (None if probs is None else probs[0])
 
     @torch.no_grad()
     def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:
-        """Reference greedy drafts for one request (see `base_logits`). Returns the N draft ids."""
-        base = self.base_logits(taps, anchor, num_drafts)[None]  # [1, N, V]
-        drafts, _ = sequential_drafts(base, torch.tensor([anchor]), self.markov_bias, greedy_pick)
-        return drafts[0].tolist()
+        """Reference greedy drafts for one request (see `query_states`). Returns the N draft ids."""
+        return self.draft(taps, anchor, num_drafts)[0].tolist()
 
 
-def block_mask(anchors: torch.Tensor, seq_len: int, q: int, causal: bool) -> torch.Tensor:
+def block_mask(anchors: torch.Tensor, seq_len: int, q: int, causal: bool,
+               window: int | None = None) -> torch.Tensor:
     """Attention mask for M blocks of q slots per sequence.
 
     Args:
-        anchors: [B, M] anchor positions a (context keys are positions < a).
+        anchors: [B, M] anchor positions a (context keys are positions < a, and >= a - window
+            when a sliding window is set).
     Returns:
-        [B, M*q, seq_len + M*q] bool: slot i of block j sees context t < a_j and slots of block j
-        (only slots <= i when causal).
+        [B, M*q, seq_len + M*q] bool: slot i of block j sees context a_j - window <= t < a_j and
+        the slots of block j (only slots <= i when causal).
     """
     b, m = anchors.shape
-    ctx = torch.arange(seq_len)[None, None, None, :] < anchors[:, :, None, None]  # [B, M, 1, T]
+    t = torch.arange(seq_len)[None, None, None, :]
+    a = anchors[:, :, None, None]
+    ctx = t < a  # [B, M, 1, T]
+    if window is not None:
+        ctx = ctx & (t >= a - window)
     ctx = ctx.expand(b, m, q, seq_len)
     same = torch.eye(m, dtype=torch.bool)[:, None, :, None].expand(m, q, m, q)  # [M, q, M, q]
     if causal:

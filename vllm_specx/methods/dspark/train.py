@@ -2,8 +2,9 @@
 training blocks out of on-policy samples, run the teacher-forced forward, save.
 
 Each batch takes `size` sequences, picks `--anchors` random anchor positions a per sequence in
-the generated part, and trains the block [x_a, mask, ...] to predict x_{a+1..a+N} with the
-Markov head teacher-forced (prev_k = x_{a+k}). All blocks of a sequence run in one attention call
+the generated part, and trains the block [x_a, mask, ...] of block_size slots to predict
+x_{a+1..a+N}, N = `max_drafts` (every slot in the anchor layout, slots 1.. in the fill-in layout),
+with the Markov head teacher-forced (prev_k = x_{a+k}). All blocks of a sequence run in one attention call
 (mask from `model.block_mask`).
 """
 
@@ -29,6 +30,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--mask-token-id", type=int, default=None,
                     help="default: the target tokenizer's <|mask|>")
+    ap.add_argument("--markov-head-type", default="vanilla", choices=["vanilla", "gated", "rnn"])
+    ap.add_argument("--layout", default="anchor", choices=["anchor", "fill-in"],
+                    help="anchor: a block of B slots drafts B tokens; fill-in: DFlash's, B - 1")
+    ap.add_argument("--causal", action="store_true", help="causal attention inside the block")
+    ap.add_argument("--sliding-window", type=int, default=None, help="context window of a block")
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> DSparkDraft:
@@ -38,7 +44,10 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         args.mask_token_id = AutoTokenizer.from_pretrained(args.target).convert_tokens_to_ids("<|mask|>")
     cfg = DSparkDraftConfig.for_target(
         target.config.to_dict(), target_layer_ids=tuple(data_meta["taps"]), num_hidden_layers=args.layers,
-        block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank)
+        block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank,
+        sample_from_anchor=getattr(args, "layout", "anchor") == "anchor", causal=getattr(args, "causal", False),
+        markov_head_type=getattr(args, "markov_head_type", "vanilla"),
+        sliding_window=getattr(args, "sliding_window", None))
     draft = DSparkDraft(cfg, embed, lm_head)
     for name, p in draft.named_parameters():
         if p.dim() > 1:
@@ -49,16 +58,19 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
 
 def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args) -> dict:
     c = draft.cfg
-    return make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id)
+    return make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
+                      q=c.block_size)
 
 
 def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
-               n: int, mask_id: int) -> dict[str, torch.Tensor]:
-    """Crop `batch` sequences to `seq_len` and place `anchors` blocks in each.
+               n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
+    """Crop `batch` sequences to `seq_len` and place `anchors` blocks of `q` slots in each
+    (default q = n + 1), each with `n` draft targets.
 
-    Returns tensors: taps [B, S, n*H], ids [B, S], anchors [B, M], block_ids/pos [B, M*(n+1)],
+    Returns tensors: taps [B, S, n_taps*H], ids [B, S], anchors [B, M], block_ids/pos [B, M*q],
     targets/prev [B, M, n] (-100 = no loss).
     """
+    q = n + 1 if q is None else q
     taps, ids, anc = [], [], []
     for s in rng.sample(samples, batch):
         total, p = len(s["ids"]), s["prompt_len"]
@@ -75,7 +87,6 @@ def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int
         valid_end = min(seq_len, total - start)
         ids[-1][valid_end:] = -100  # marks padding for the targets below
     ids, anc = torch.stack(ids), torch.tensor(anc)
-    q = n + 1
     offs = torch.arange(q)
     pos = (anc[..., None] + offs).reshape(len(anc), -1)  # [B, M*q]
     block_ids = torch.full_like(pos, mask_id)
@@ -93,12 +104,16 @@ def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
     """Teacher-forced draft logits [B, M, n, V] for every block, with their targets [B, M, n]."""
     bsz, s = b["taps"].shape[:2]
     m, n = b["targets"].shape[1:]
-    q = n + 1
-    mask = block_mask(b["anchors"], s, q, draft.cfg.causal)
+    q = b["pos"].shape[1] // m
+    mask = block_mask(b["anchors"], s, q, draft.cfg.causal, draft.cfg.sliding_window)
     h = draft.block_states(b["taps"], torch.arange(s).expand(bsz, s), b["block_ids"], b["pos"], mask)
-    slots = torch.tensor([draft.slot_of_draft(k) for k in range(n)])
-    h = h.view(bsz, m, q, -1)[:, :, slots]  # [B, M, n, H]
-    return DraftOutput(logits=h @ draft.lm_head.t() + draft.markov_bias(b["prev"]), targets=b["targets"])
+    h = h.view(bsz, m, q, -1)
+    o = draft.cfg.slot_offset
+    slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}
+    if o:  # fill-in: slot 0 (the anchor's) has the anchor as prev too
+        slot_prev = torch.cat([b["block_ids"].view(bsz, m, q)[..., :1], slot_prev], -1)
+    logits = draft.slot_logits(h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
+    return DraftOutput(logits=logits, targets=b["targets"])
 
 
 def save(draft: DSparkDraft, out) -> None:
