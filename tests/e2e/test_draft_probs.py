@@ -16,18 +16,13 @@ import torch
 from vllm import SamplingParams
 
 from .. import helpers as T
-from ..helpers import load_target, random_draft, target_taps, write
+from ..helpers import random_draft, target_taps, write  # `target`: a fixture of conftest.py
 
 pytestmark = pytest.mark.e2e
 TEMP, PASSES = 0.7, 4
 NDRAFTS = {"specx": 8, "speculators": 7}  # a full block of 8 (anchor layout); 8 - 1 (fill-in)
 PARAMS = SamplingParams(temperature=TEMP, top_p=0.9, top_k=50, seed=5, max_tokens=2 * 8 + PASSES,
                         ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target(T.REF_TARGET)
 
 
 @torch.no_grad()

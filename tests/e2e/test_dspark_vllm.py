@@ -5,27 +5,11 @@ import pytest
 from vllm import SamplingParams
 
 from .. import helpers as T
-from ..helpers import load_target, random_draft, reference_drafts, write
+from ..helpers import random_draft, reference_drafts, write
+from .conftest import GREEDY  # target, prompts, nospec_outputs: fixtures of conftest.py
 
 pytestmark = pytest.mark.e2e
 NDRAFTS = {"specx": 8, "speculators": 7}  # a full block of 8 (anchor layout); 8 - 1 (fill-in)
-GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target(T.REF_TARGET)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return T.load_prompts("code", limit=4)
-
-
-@pytest.fixture(scope="module")
-def nospec_outputs(prompts):
-    with T.cpu_llm(T.REF_TARGET) as llm:
-        return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
 
 def _check_drafts_match_reference(llm, target, draft, prompt, n):

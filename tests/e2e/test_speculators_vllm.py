@@ -10,32 +10,15 @@ reads the anchor slot's state).
 """
 
 import pytest
-from vllm import SamplingParams
 
 from vllm_specx.methods.dspark.checkpoint import load_draft
 
 from .. import helpers as T
-from ..helpers import embed_and_head, load_target, reference_drafts
+from ..helpers import embed_and_head, reference_drafts
 from ..test_speculators_interop import FIXTURES
+from .conftest import GREEDY  # target, prompts, nospec_outputs: fixtures of conftest.py
 
 pytestmark = pytest.mark.e2e
-GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target(T.REF_TARGET)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return T.load_prompts("code", limit=4)
-
-
-@pytest.fixture(scope="module")
-def nospec_outputs(prompts):
-    with T.cpu_llm(T.REF_TARGET) as llm:
-        return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
 
 
 @pytest.mark.parametrize("variant", ["default", "gated-noncausal", "rnn-fillin"])
