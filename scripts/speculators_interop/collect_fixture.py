@@ -50,6 +50,7 @@ def cmd_provenance(args):
     dst = Path(args.fixture)
     cmd_lines = (Path(args.ckpt) / "train_command.txt").read_text().splitlines()
     command = " ".join(l for l in cmd_lines if l and not l.startswith("#"))
+    command = command.replace(str(Path(__file__).resolve().parents[2]) + "/", "")  # repo-relative
     ref_file = dst.parent / (dst.name + ".reference.safetensors")  # beside the checkpoint dir
     with safe_open(str(ref_file), "pt") as f:
         ref_meta = f.metadata()

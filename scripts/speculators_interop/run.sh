@@ -5,14 +5,14 @@
 # each checkpoint directory). Read by tests/test_speculators_interop.py and
 # tests/e2e/test_speculators_vllm.py.
 #
-#   python3 -m venv /work/spec-work/venv && /work/spec-work/venv/bin/pip install \
+#   python3 -m venv .cache/speculators-venv && .cache/speculators-venv/bin/pip install \
 #       "speculators==0.9.0" "torch==2.13.0" "transformers<=5.19.0" && \
-#       /work/spec-work/venv/bin/pip uninstall -y torchvision torchaudio    # once, ~1.5 min
+#       .cache/speculators-venv/bin/pip uninstall -y torchvision torchaudio    # once, ~1.5 min
 #   bash scripts/speculators_interop/run.sh            # ~10-15 min on 2 CPU cores
 #
 # Environment (all optional):
-#   SPEC_VENV       venv with speculators==0.9.0 (default /work/spec-work/venv)
-#   SPEC_WORK       scratch dir, wiped and rebuilt (default /work/spec-work/interop-run)
+#   SPEC_VENV       venv with speculators==0.9.0 (default .cache/speculators-venv)
+#   SPEC_WORK       scratch dir, wiped and rebuilt (default .cache/speculators-work)
 #   SPEC_THREADS    torch/OMP threads per process (default 1: on a shared 2-core box
 #                   2 threads thrash, 0.35 s/step with 1 vs 5-7 s/step with 2)
 #   DEFAULT_EPOCHS  epochs for the `default` variant (default 8)
@@ -30,8 +30,8 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$REPO/scripts/speculators_interop"
-SPEC_VENV="${SPEC_VENV:-/work/spec-work/venv}"
-SPEC_WORK="${SPEC_WORK:-/work/spec-work/interop-run}"
+SPEC_VENV="${SPEC_VENV:-$REPO/.cache/speculators-venv}"
+SPEC_WORK="${SPEC_WORK:-$REPO/.cache/speculators-work}"
 SPEC_THREADS="${SPEC_THREADS:-1}"
 DEFAULT_EPOCHS="${DEFAULT_EPOCHS:-8}"
 PARALLEL="${PARALLEL:-1}"
