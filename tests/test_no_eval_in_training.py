@@ -1,13 +1,18 @@
 """Nothing is trained on an evaluation set: the held-out prompt files (`assets/prompts/code.jsonl`,
 `prose.jsonl`) share no prompt and no long token run with the training prompts
 (`assets/prompts/train.jsonl`, which the committed head's and the speculators fixtures' data come
-from), nor with the token sequences stored in the speculators fixtures."""
+from), nor with the token sequences stored in the speculators fixtures; the chat target's training
+prompts (`chat-train`) share no prompt, no 8-word run and no function name with HumanEval, and
+nothing with the held-out chat sets (`chat-code`, `chat-prose`)."""
 
+import json
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
+
+from vllm_specx import assets
 
 from .helpers import ASSETS, REF_TARGET, load_prompts
 
@@ -56,3 +61,57 @@ def test_the_check_can_fail(eval_grams):
     leaked = "x = 1\n" + load_prompts("code", limit=1)[0]
     assert _grams(tok(leaked)["input_ids"]) & grams
     assert (ASSETS / "prompts" / "train.jsonl").exists()
+
+
+# ---- the chat target's prompt sets (SmolLM2-135M-Instruct): HumanEval is never trained on ----
+
+WORDS = 8  # a shared run of 8 words is shared text (scripts/make_chat_prompts.py --no-overlap)
+CHAT_HELDOUT = ("chat-code", "chat-prose")
+
+
+def _word_grams(text: str) -> set[tuple[str, ...]]:
+    w = text.lower().split()
+    return {tuple(w[i:i + WORDS]) for i in range(len(w) - WORDS + 1)}
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    probs = assets.humaneval_problems()
+    assert len(probs) == 164
+    grams = set()
+    for p in probs:
+        grams |= _word_grams(p["prompt"]) | _word_grams(p["canonical_solution"])
+    return probs, grams
+
+
+def test_chat_training_prompts_share_nothing_with_humaneval(humaneval):
+    probs, grams = humaneval
+    train = [assets.prompt_text(p) for p in load_prompts("chat-train")]
+    assert len(train) > 1000
+    evals = {assets.prompt_text(p) for name in ("humaneval", "humaneval-raw") for p in load_prompts(name)}
+    assert not evals & set(train)
+    hits = [t for t in train if _word_grams(t) & grams]
+    assert not hits, f"{len(hits)} chat-train prompts share a {WORDS}-word run with HumanEval: {hits[:3]}"
+    names = {p["entry_point"] for p in probs}
+    named = [t for t in train if any(f"`{n}(" in t or f".{n}`" in t for n in names)]
+    assert not named, f"chat-train prompts name a HumanEval entry point: {named[:3]}"
+
+
+def test_chat_training_prompts_share_nothing_with_the_heldout_chat_sets():
+    train = [assets.prompt_text(p) for p in load_prompts("chat-train")]
+    grams = set().union(*(_word_grams(t) for t in train))
+    for name in CHAT_HELDOUT:
+        held = [assets.prompt_text(p) for p in load_prompts(name)]
+        assert len(held) > 50 and not set(held) & set(train)
+        # held-out code prompts come from modules the training set never draws from
+        rows = [json.loads(x) for x in (ASSETS / "prompts" / f"{name}.jsonl").read_text().splitlines()]
+        train_rows = [json.loads(x) for x in (ASSETS / "prompts" / "chat-train.jsonl").read_text().splitlines()]
+        src = lambda r: r["source"].split(":", 1)[1].split(".")[0]  # noqa: E731 - module or topic
+        assert not {src(r) for r in rows} & {src(r) for r in train_rows}, name
+    assert grams
+
+
+def test_the_humaneval_check_can_fail(humaneval):
+    probs, grams = humaneval
+    leaked = "Please help: " + probs[0]["prompt"]
+    assert _word_grams(leaked) & grams

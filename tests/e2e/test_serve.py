@@ -1,72 +1,28 @@
 """A real `vllm serve` with the plugin: completions work and /metrics carries spec-decode counters."""
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from ..helpers import REF_TARGET, load_prompts, load_target, random_draft, write
+from .serving import get as _get
+from .serving import post as _post
+from .serving import vllm_serve
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout=10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
-def _post(url: str, body: dict, timeout=120) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     draft = write(random_draft(load_target(REF_TARGET)), tmp / "draft")
-    port, log = _free_port(), tmp / "serve.log"
-    vllm_cli = str(Path(sys.executable).with_name("vllm"))
-    cmd = [vllm_cli, "serve", str(REF_TARGET), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-           "--gpu-memory-utilization", "0.2", "--served-model-name", "ref",
-           "--speculative-config", json.dumps({"method": "dspark", "model": draft,
-                                               "num_speculative_tokens": 7})]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                _get(base + "/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail(f"vllm serve not healthy after 300 s:\n{log.read_text()[-3000:]}")
-                time.sleep(2)
+    log = tmp / "serve.log"
+    args = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+            "--gpu-memory-utilization", "0.2", "--served-model-name", "ref",
+            "--speculative-config", json.dumps({"method": "dspark", "model": draft,
+                                                "num_speculative_tokens": 7})]
+    with vllm_serve(REF_TARGET, args, log) as base:
         yield base, log
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _counter(metrics: str, name: str) -> float:

