@@ -4,7 +4,7 @@ position, tokens/s and speed-up vs no-spec, and greedy identity vs no-spec, at e
 and batch size (`max_num_seqs`), at K and over a sweep of K.
 
     vllm-specx bench --target smollm2 --prompts humaneval --out benchmarks/results/e2e-smollm2-humaneval
-    vllm-specx bench --target ref --prompts code --draft assets/drafts/ref-dspark --out runs/bench
+    vllm-specx bench --target ref --prompts code --draft DRAFT_DIR --out runs/bench
 
 Providers (plot lines) are `no-spec`, `ngram` (vLLM's prompt-lookup drafter), `eagle3=DIR`
 (vLLM's built-in EAGLE-3 with that head) and `DIR` or `LABEL=DIR` for a draft of any registered
