@@ -32,9 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from vllm_specx import assets, registry, targets
-from vllm_specx.metrics import acceptance_summary, spec_metrics
+from vllm_specx.eval import generate_measured
 
-_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 VLLM_DRAFTERS = ("eagle3",)  # vLLM built-in methods taking a draft dir: `--method eagle3=DIR`
 
@@ -66,6 +65,21 @@ def parse_provider(text: str) -> Provider:
         return Provider(label, label, path)
     method, _ = registry.read_checkpoint(path)  # raises naming the file when it is not a draft
     return Provider(label or f"specx-{method.name}", method.name, path)
+
+
+def check_providers(providers: list[Provider], target_config, ks: list[int]) -> None:
+    """Before any engine starts: every vllm-specx draft against the target at every K (the checks
+    vLLM's config step runs), so a bad pairing fails at once, naming the draft and K."""
+    dims = registry.target_dims(target_config.get_text_config())
+    for p in providers:
+        if p.method is None or p.method == "ngram" or p.method in VLLM_DRAFTERS:
+            continue
+        method, cfg = registry.read_checkpoint(p.model)
+        for k in ks:
+            try:
+                registry.check_draft(method, cfg, p.model, dims, k)
+            except ValueError as e:
+                raise ValueError(f"provider {p.label} ({p.model}) at K={k}: {e}") from None
 
 
 def _dist(name: str) -> str | None:
@@ -100,10 +114,12 @@ def provenance(args: argparse.Namespace, target: Path) -> dict:
         "python": platform.python_version(),
         "device": "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(0),
         "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("VLLM_CPU_", "OMP_", "VLLM_ENABLE_V1_MULTIPROCESSING"))},
         "target": args.target,
         "target_manifest": json.loads(manifest.read_text()) if manifest.is_file() else None,
-        "command": "vllm-specx bench " + " ".join(args.argv),
+        "command": " ".join([*(f"{k}={v}" for k, v in sorted(os.environ.items())
+                               if k.startswith("VLLM_CPU_")), "vllm-specx bench", *args.argv]),
     }
 
 
@@ -119,25 +135,6 @@ def render(prompts: list, tokenizer) -> list:
                 ids = ids["input_ids"]
             out.append({"prompt_token_ids": list(ids)})
     return out
-
-
-def _run(llm, inputs, params) -> dict:
-    before = spec_metrics(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate(inputs, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    after = spec_metrics(llm)
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    n_out = sum(map(len, tokens))
-    row = {"output_tokens": n_out, "wall_s": round(wall, 3), "tokens_per_s": round(n_out / wall, 2),
-           "outputs": tokens}
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
-    pos_after = after.get("num_accepted_tokens_per_pos") or []
-    pos_before = before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after)
-    s = acceptance_summary(d["num_drafts"], d["num_accepted_tokens"],
-                           [a - b for a, b in zip(pos_after, pos_before)])
-    row.update(d, tau=None if s["tau"] is None else round(s["tau"], 4), acceptance_per_pos=s["acceptance_per_pos"])
-    return row
 
 
 def plan(providers: list[Provider], k: int, sweep: list[int], batch_sizes: list[int],
@@ -180,7 +177,7 @@ def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eo
                 params = SamplingParams(temperature=temp, max_tokens=max_tokens, ignore_eos=ignore_eos)
                 rows.append({"provider": p.label, "method": p.method or "none", "draft": p.model,
                              "k": job["k"], "batch_size": job["batch_size"], "temperature": temp,
-                             "engine_start_s": start_s, **_run(llm, inputs, params)})
+                             "engine_start_s": start_s, **generate_measured(llm, inputs, params)})
                 bar.update()
     bar.close()
     base = {(r["batch_size"], r["temperature"]): r for r in rows if r["method"] == "none"}
@@ -207,8 +204,9 @@ def table(rows: list[dict], device: str) -> str:
 
 
 def plots(rows: list[dict], out: Path, k: int, title: str, device: str) -> list[Path]:
-    """tau.png (tau per method at K), acceptance.png (per position at K), speedup.png (per batch
-    size at K), sweep.png (tau and speed-up over K at temperature 0)."""
+    """tau.png (tau per method at K), acceptance.png (per position at K, largest batch),
+    speedup.png (per batch size at K), sweep.png (tau and speed-up over K at temperature 0);
+    one line or bar group per provider, one panel per temperature."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,87 +217,66 @@ def plots(rows: list[dict], out: Path, k: int, title: str, device: str) -> list[
     labels = list(dict.fromkeys(r["provider"] for r in spec))
     temps = sorted({r["temperature"] for r in rows})
     batches = sorted({r["batch_size"] for r in rows})
-    written = []
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    groups = [(b, t) for b in batches for t in temps]
-    width = 0.8 / max(1, len(labels))
-    for i, lab in enumerate(labels):
-        ys = [next((r["tau"] or 0 for r in spec if r["provider"] == lab and r["k"] == k
-                    and (r["batch_size"], r["temperature"]) == g), 0) for g in groups]
-        ax.bar([j + i * width for j in range(len(groups))], ys, width, label=lab)
-    ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(groups))],
-                  [f"batch {b}, T={t:g}" for b, t in groups])
-    ax.set_ylabel("τ (tokens per target pass)")
-    ax.set_title(f"{title}: τ at K={k}")
-    ax.legend()
-    fig.tight_layout()
-    written.append(out / "tau.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    def pick(lab, **want):
+        return [r for r in spec if r["provider"] == lab and all(r[f] == v for f, v in want.items())]
 
-    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
-    for ax, t in zip(axes[0], temps):
-        b = max(batches)
+    def figure(name, panels, draw, suptitle):
+        """One PNG: a panel per entry of `panels`, `draw(ax, panel)` fills it."""
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for ax, panel in zip(axes[0], panels):
+            draw(ax, panel)
+            ax.legend(fontsize="small")
+        fig.suptitle(f"{title}: {suptitle}")
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=120)
+        plt.close(fig)
+        return out / f"{name}.png"
+
+    def tau_bars(ax, t):
+        width = 0.8 / max(1, len(labels))
+        for i, lab in enumerate(labels):
+            ys = [next((r["tau"] or 0 for r in pick(lab, k=k, batch_size=b, temperature=t)), 0) for b in batches]
+            ax.bar([j + i * width for j in range(len(batches))], ys, width, label=lab)
+        ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(batches))],
+                      [f"batch {b}" for b in batches])
+        ax.set_ylabel("τ (tokens per target pass)")
+        ax.set_title(f"T={t:g}, K={k}")
+
+    def acceptance(ax, t):
         for lab in labels:
-            r = next((r for r in spec if r["provider"] == lab and r["k"] == k and r["temperature"] == t
-                      and r["batch_size"] == b), None)
-            if r and r["acceptance_per_pos"]:
-                ax.plot(range(1, len(r["acceptance_per_pos"]) + 1), r["acceptance_per_pos"], marker="o", label=lab)
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("acceptance rate")
-        ax.set_ylim(0, 1)
-        ax.set_title(f"T={t:g}, batch {b}, K={k}")
-        ax.legend()
-    fig.suptitle(f"{title}: acceptance per position")
-    fig.tight_layout()
-    written.append(out / "acceptance.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+            for r in pick(lab, k=k, batch_size=batches[-1], temperature=t)[:1]:
+                acc = r["acceptance_per_pos"]
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", label=lab)
+        ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1),
+               title=f"T={t:g}, batch {batches[-1]}, K={k}")
 
-    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
-    for ax, t in zip(axes[0], temps):
+    def speedup(ax, t):
         for lab in labels:
-            pts = sorted((r["batch_size"], r["speedup_vs_nospec"]) for r in spec
-                         if r["provider"] == lab and r["k"] == k and r["temperature"] == t
-                         and r["speedup_vs_nospec"] is not None)
+            pts = sorted((r["batch_size"], r["speedup_vs_nospec"]) for r in pick(lab, k=k, temperature=t))
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=lab)
         ax.axhline(1.0, color="gray", linestyle="--", label="no-spec")
         ax.set_xscale("log", base=2)
         ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("batch size (max_num_seqs)")
-        ax.set_ylabel(f"speed-up vs no-spec ({unit} tokens/s)")
-        ax.set_title(f"T={t:g}, K={k}")
-        ax.legend()
-    fig.suptitle(f"{title}: speed-up ({unit})")
-    fig.tight_layout()
-    written.append(out / "speedup.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+        ax.set(xlabel="batch size (max_num_seqs)", ylabel=f"speed-up vs no-spec ({unit} tokens/s)",
+               title=f"T={t:g}, K={k}")
 
-    sweep_b = sorted({r["batch_size"] for r in spec if r["k"] != k})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for b in sweep_b:
-        for lab in labels:
-            pts = sorted((r["k"], r["tau"] or 0, r["speedup_vs_nospec"] or 0) for r in spec
-                         if r["provider"] == lab and r["batch_size"] == b and r["temperature"] == 0)
-            if pts:
-                ks, taus, sps = zip(*pts)
-                axes[0].plot(ks, taus, marker="o", label=f"{lab}, batch {b}")
-                axes[1].plot(ks, sps, marker="o", label=f"{lab}, batch {b}")
-    axes[0].set_ylabel("τ")
-    axes[1].set_ylabel(f"speed-up vs no-spec ({unit})")
-    axes[1].axhline(1.0, color="gray", linestyle="--")
-    for ax in axes:
-        ax.set_xlabel("K (num_speculative_tokens)")
-        ax.legend()
-    fig.suptitle(f"{title}: sweep of K at T=0")
-    fig.tight_layout()
-    written.append(out / "sweep.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
-    return written
+    def sweep(ax, field):
+        for b in sorted({r["batch_size"] for r in spec if r["k"] != k}):
+            for lab in labels:
+                pts = sorted((r["k"], r[field] or 0) for r in pick(lab, batch_size=b, temperature=0.0))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{lab}, batch {b}")
+        if field == "speedup_vs_nospec":
+            ax.axhline(1.0, color="gray", linestyle="--")
+        ax.set(xlabel="K (num_speculative_tokens)",
+               ylabel="τ" if field == "tau" else f"speed-up vs no-spec ({unit})")
+
+    return [figure("tau", temps, tau_bars, f"τ at K={k}"),
+            figure("acceptance", temps, acceptance, "acceptance per position"),
+            figure("speedup", temps, speedup, f"speed-up ({unit})"),
+            figure("sweep", ["tau", "speedup_vs_nospec"], sweep, "sweep of K at T=0")]
 
 
 def _ints(text: str) -> list[int]:
@@ -363,6 +340,9 @@ def main(argv: list[str]) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
+    if form == "chat" and not getattr(tok, "chat_template", None):
+        raise ValueError(f"--prompts {args.prompts} is a chat set, and target {args.target}'s tokenizer "
+                         "has no chat template: use a raw set (code, prose, humaneval-raw)")
     inputs = render(prompts, tok)
     longest = max(len(x["prompt_token_ids"]) if isinstance(x, dict) else len(tok(x)["input_ids"]) for x in inputs)
     limit = getattr(AutoConfig.from_pretrained(str(target)), "max_position_embeddings", None)
@@ -373,6 +353,7 @@ def main(argv: list[str]) -> Path:
     if need > max_len:
         raise ValueError(f"--prompts {args.prompts}: the longest prompt ({longest} tokens) + --max-tokens "
                          f"{args.max_tokens} + K does not fit max_model_len {max_len}")
+    check_providers(providers, AutoConfig.from_pretrained(str(target)), [args.k, *sweep])
     jobs = plan(providers, args.k, sweep, batch_sizes, sweep_b, temps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

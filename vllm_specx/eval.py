@@ -13,36 +13,45 @@ from vllm_specx.metrics import acceptance_summary, spec_metrics
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
-def measure(target, prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
-            temperature: float = 0.0, **engine) -> dict:
-    """Generate `max_tokens` per prompt (ignore_eos) after a one-prompt warm-up.
+def generate_measured(llm, inputs: list, params) -> dict:
+    """`llm.generate(inputs, params)` timed, with vLLM's spec-decode counters of this call alone.
 
     Returns:
-        {"tau", "acceptance_per_pos", "tokens_per_s", "output_tokens", "wall_s", "outputs", counters...}
-        where counters exclude the warm-up.
+        {"output_tokens", "wall_s", "tokens_per_s", "outputs" (token ids per prompt),
+         "num_drafts", "num_draft_tokens", "num_accepted_tokens", "tau", "acceptance_per_pos"}
+        (tau None and acceptance [] when nothing was drafted).
     """
+    before = spec_metrics(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    after = spec_metrics(llm)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    n_out = sum(map(len, tokens))
+    row = {"output_tokens": n_out, "wall_s": round(wall, 3), "tokens_per_s": round(n_out / wall, 2),
+           "outputs": tokens}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
+    pos_after = after.get("num_accepted_tokens_per_pos") or []
+    pos_before = before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after)
+    s = acceptance_summary(d["num_drafts"], d["num_accepted_tokens"],
+                           [a - b for a, b in zip(pos_after, pos_before)])
+    row.update(d, tau=None if s["tau"] is None else round(s["tau"], 4), acceptance_per_pos=s["acceptance_per_pos"])
+    return row
+
+
+def measure(target, prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
+            temperature: float = 0.0, **engine) -> dict:
+    """Generate `max_tokens` per prompt (ignore_eos) after a one-prompt warm-up: `generate_measured`'s
+    dict (counters exclude the warm-up; without speculation, only the token and time fields)."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
     with cpu_llm(target, speculative_config, **engine) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-        before = spec_metrics(llm)
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        after = spec_metrics(llm)
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    result = {"output_tokens": n_out, "wall_s": round(wall, 3), "tokens_per_s": round(n_out / wall, 1),
-              "outputs": [list(o.outputs[0].token_ids) for o in outs]}
-    if speculative_config is not None:
-        d = {k: after.get(k, 0) - before.get(k, 0) for k in _COUNTERS}
-        pos_after = after.get("num_accepted_tokens_per_pos") or []
-        pos_before = before.get("num_accepted_tokens_per_pos") or [0] * len(pos_after)
-        summary = acceptance_summary(d["num_drafts"], d["num_accepted_tokens"],
-                                     [a - b for a, b in zip(pos_after, pos_before)])
-        if summary["tau"] is not None:
-            summary["tau"] = round(summary["tau"], 4)
-        result.update(d, **summary)
+        result = generate_measured(llm, prompts, params)
+    if speculative_config is None:
+        for k in (*_COUNTERS, "tau", "acceptance_per_pos"):
+            result.pop(k)
     return result
 
 
