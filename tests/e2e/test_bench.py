@@ -84,6 +84,10 @@ def test_provenance_table_and_plots(report):
         data = (out / f"{name}.png").read_bytes()
         assert data.startswith(PNG) and len(data) > 10_000, name
     assert "bench: 100%" in proc.stderr  # the progress bar over runs
+    (out / "tau.png").unlink()
+    (out / "results.md").write_text("")
+    bench.main(["--replot", "--out", str(out)])  # the report again from results.json alone
+    assert (out / "tau.png").read_bytes().startswith(PNG) and (out / "results.md").read_text() == md
 
 
 def test_bad_arguments_are_refused_naming_them(tmp_path):
