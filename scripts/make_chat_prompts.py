@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,9 @@ HELDOUT_TOPICS = [
 ]
 
 WORD = re.compile(r"\S+")
+# Defaults such as platform.architecture(executable=sys.executable) would write this machine's
+# paths into the prompts: such signatures are skipped.
+MACHINE_PATHS = tuple({p for p in (sys.executable, sys.prefix, sys.base_prefix, str(ROOT)) if p})
 
 
 def _words(text: str) -> list[str]:
@@ -142,6 +146,8 @@ def stdlib_functions(modules: list[str]) -> list[tuple[str, str, str, str]]:
             try:
                 sig = str(inspect.signature(fn))
             except (TypeError, ValueError):
+                continue
+            if any(p in sig for p in MACHINE_PATHS):  # a default read off this machine
                 continue
             seen.add((mod_name, name))
             out.append((mod_name, name, sig, doc))
