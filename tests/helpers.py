@@ -185,3 +185,27 @@ def read_draft_passes(worker) -> tuple[list, list]:
 
     return ([lists(r) for r in getattr(d, "_specx_passes", [])],
             [lists(r) for r in getattr(rs, "_specx_verified", [])])
+
+
+def record_proposals(worker, limit: int = 8) -> None:
+    """Record the drafter's first `limit` `propose` calls as (next token ids, draft ids) (any
+    vLLM proposer: its 2nd-5th positional arguments are target ids, positions, hidden states and
+    the next token ids; it returns draft ids [B, K])."""
+    d = worker.model_runner.drafter
+    d._specx_proposals = []
+    orig = getattr(d, "_specx_orig_propose", None) or d.propose
+    d._specx_orig_propose = orig
+
+    def propose(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        ids = out[0] if isinstance(out, tuple) else out
+        nxt = kwargs.get("next_token_ids", args[4] if len(args) > 4 else None)
+        if len(d._specx_proposals) < limit:
+            d._specx_proposals.append((nxt.tolist(), ids.tolist()))
+        return out
+
+    d.propose = propose
+
+
+def read_proposals(worker) -> list:
+    return list(getattr(worker.model_runner.drafter, "_specx_proposals", []))

@@ -152,8 +152,8 @@ def test_toy_method_is_listed(toy, capsys):
     cli.main(["methods"])
     out = capsys.readouterr().out
     assert "toy" in out and "a method that exists only in this test" in out and "dspark" in out
-    assert "toy" not in trainer.trainable_methods()  # no trainer hooks: not offered by `train`
-    assert "dspark" in trainer.trainable_methods()
+    assert "toy" not in registry.trainers()  # no trainer hooks: not offered by `train`
+    assert "dspark" in registry.trainers() and "eagle3" in registry.trainers()
 
 
 def test_unregistered_checkpoint_is_refused_by_check(toy_dir):

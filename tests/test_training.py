@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 import torch
 
 from vllm_specx.methods.dspark import train as dspark_train
@@ -54,3 +55,88 @@ def test_trainer_learns_a_deterministic_continuation():
         _, acc = loss_and_accuracy(dspark_train.forward(draft, dspark_train.make_batch(samples, rng, 16, 32, 8, 4, 3)),
                                    "ce", 4.0)
     assert acc.min().item() > 0.9, acc  # every draft position, on 16 x 8 fresh blocks
+
+
+# ---- the trainer, for every trainable method and baseline ----------------------------------------
+
+def _data(tmp_path, n=24, topk=8):
+    """A small data folder on the reference target: varied token rows, taps (1, 4, 6) and top-k."""
+    g = torch.Generator().manual_seed(0)
+    rows = [{"id": i, "prompt_ids": torch.randint(5, 4000, (6,), generator=g).tolist(),
+             "output_ids": torch.randint(5, 4000, (40,), generator=g).tolist()} for i in range(n)]
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [1, 4, 6],
+                                               "max_tokens": 40, "temperature": 0.0, "topk": topk}))
+    write_taps(str(REF_TARGET), out, (1, 4, 6), shard=8, topk=topk)
+    return out
+
+
+def _train_argv(method, data, out, *extra):
+    return ["--method", method, "--target", str(REF_TARGET), "--data", str(data), "--out", str(out),
+            "--steps", "12", "--batch", "2", "--val-samples", "4", "--val-every", "6", "--save-every", "6",
+            "--seq-len", "32", "--anchors", "4", *extra]
+
+
+def test_topk_rows_are_the_targets_next_token_distribution(tmp_path):
+    data = _data(tmp_path, n=2)
+    s = load_samples(data)[0]
+    logits = load_target(REF_TARGET)(s["ids"][None]).logits[0].float()
+    want = torch.log_softmax(logits, -1).topk(8, -1)
+    torch.testing.assert_close(s["topk_logp"], want.values, atol=1e-4, rtol=1e-4)
+    assert torch.equal(s["topk_ids"][:, :3], want.indices[:, :3])  # ties below the top few may swap
+    assert (s["topk_logp"].exp().sum(-1) < 1).all()  # full-softmax log-probs: not renormalised
+
+
+@pytest.mark.parametrize("method", sorted(__import__("vllm_specx.registry", fromlist=["x"]).trainers()))
+def test_every_method_trains_resumes_and_reruns_from_its_record(tmp_path, method):
+    """12 steps lower the validation loss; stopping at step 6 and `--resume` gives the same weights
+    as an uninterrupted run; `--config training.json` re-runs it; the checkpoint loads back."""
+    from vllm_specx.training import trainer
+
+    data = _data(tmp_path)
+    extra = ["--loss", "tv"] + (["--mask-token-id", "2"] if method == "dspark" else [])
+    full = trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "full", *extra)))
+    first, last = full["log"][0], full["log"][-1]
+    assert first["step"] == 0 and last["step"] == 12
+    assert last["val_loss"] < first["val_loss"], full["log"]
+    assert "tau_sampled" in last and len(last["val_alpha_per_pos"]) == len(last["val_acc_per_pos"])
+
+    # Interrupted after the step-6 state write, then resumed.
+    hooks = trainer.hooks(method)
+    orig, calls = hooks.forward, {"n": 0}
+
+    def dies_at_step_7(model, b):
+        calls["n"] += 1
+        if calls["n"] == 1 + 6 + 1 + 1:  # step-0 validation, 6 steps, step-6 validation, then step 7
+            raise KeyboardInterrupt
+        return orig(model, b)
+
+    hooks.forward = dies_at_step_7
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "cut", *extra)))
+    finally:
+        hooks.forward = orig
+    resumed = trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "cut", *extra, "--resume")))
+    assert [r["val_loss"] for r in resumed["log"]] == [r["val_loss"] for r in full["log"]]
+    a = torch.load(tmp_path / "full" / trainer.STATE_FILE, weights_only=False)["model"]
+    b = torch.load(tmp_path / "cut" / trainer.STATE_FILE, weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    again = trainer.train(trainer.parse_args(["--config", str(tmp_path / "full" / trainer.RECORD_FILE),
+                                              "--out", str(tmp_path / "again")]))
+    assert [r["val_loss"] for r in again["log"]] == [r["val_loss"] for r in full["log"]]
+    assert (tmp_path / "again" / "config.json").is_file() and (tmp_path / "again" / "model.safetensors").is_file()
+
+
+def test_a_distribution_loss_on_token_only_data_is_refused(tmp_path):
+    from vllm_specx.training import trainer
+
+    data = _data(tmp_path, n=6, topk=0)
+    meta = json.loads((data / "meta.json").read_text())
+    meta.pop("topk")
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match="--loss chain-tv needs the target's distribution"):
+        trainer.train(trainer.parse_args(_train_argv("eagle3", data, tmp_path / "o", "--loss", "chain-tv")))

@@ -59,6 +59,9 @@ def list_methods() -> str:
     for m in registry.methods().values():
         train = "trainable" if m.trainer else "serve only"
         lines.append(f"{m.name:<12} {m.description} [reuses vLLM '{m.internal_method}', {train}]")
+    for b in registry.baselines().values():
+        lines.append(f"{b.name:<12} {b.description} [baseline: trained here, served by vLLM's "
+                     f"'{b.vllm_method}']")
     return "\n".join(lines)
 
 

@@ -94,15 +94,56 @@ class Method:
         return (self.arch, *self.vllm_archs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """A method vLLM serves with its own implementation, trained here on the same data and budget
+    as our methods so that they are compared fairly (routing never touches it).
+
+    Attributes:
+        name: the trainer's `--method`.
+        vllm_method: the speculative-config `method` vLLM serves the trained draft with.
+        trainer: module with the trainer hooks (as `Method.trainer`).
+        description: one line for `vllm-specx methods`.
+    """
+
+    name: str
+    vllm_method: str
+    trainer: str
+    description: str = ""
+
+
 _METHODS: dict[str, Method] = {}
+_BASELINES: dict[str, Baseline] = {}
 _loaded = False
+
+
+def register_baseline(baseline: Baseline) -> Baseline:
+    """Add a trained baseline (idempotent for the same record; names are shared with methods)."""
+    old = _BASELINES.get(baseline.name)
+    if (old is not None and old != baseline) or baseline.name in _METHODS:
+        raise ValueError(f"vllm-specx: {baseline.name!r} is already registered")
+    _BASELINES[baseline.name] = baseline
+    return baseline
+
+
+def baselines() -> dict[str, Baseline]:
+    """Every registered baseline, by name."""
+    _load_methods()
+    return dict(_BASELINES)
+
+
+def trainers() -> dict[str, str]:
+    """Trainer-hook module of every trainable method and baseline, by `--method` name."""
+    out = {name: m.trainer for name, m in methods().items() if m.trainer}
+    out.update({name: b.trainer for name, b in baselines().items()})
+    return out
 
 
 def register(method: Method) -> Method:
     """Add `method` (idempotent for the same record; a different record under a taken name or
     architecture is an error)."""
     old = _METHODS.get(method.name)
-    if old is not None and old != method:
+    if (old is not None and old != method) or method.name in _BASELINES:
         raise ValueError(f"vllm-specx: method {method.name!r} is already registered")
     for other in _METHODS.values():
         if other.name != method.name and set(other.archs) & set(method.archs):

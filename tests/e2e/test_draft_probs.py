@@ -9,6 +9,11 @@ only the request's temperature: top-p / top-k stay off the drafts (as in vLLM's
 lossless), so the request uses both and q must be the untruncated softmax. One request, the first
 passes, a random head (`random_draft`) written in the vllm-specx anchor layout and in the
 speculators fill-in layout: 2 engines.
+
+The trainer's per-slot q is checked against the same distributions: a training block
+(`training.blocks.assemble` + `methods.dspark.train.forward`, teacher-forced) anchored at the
+pass's anchor, whose continuation is the pass's drafts, gives the conditionals vLLM's sampler
+received: what the trainer optimises is what serving samples from.
 """
 
 import pytest
@@ -38,6 +43,21 @@ def reference_conditionals(target, draft, prefix: list[int], anchor: int, drafts
     return torch.stack(out)
 
 
+@torch.no_grad()
+def trainer_conditionals(target, draft, prefix: list[int], anchor: int, drafts: list[int]) -> torch.Tensor:
+    """[len(drafts), V]: the trainer's teacher-forced q for a block at the anchor whose targets
+    (and Markov inputs) are the drafts."""
+    from vllm_specx.methods.dspark import train as dspark_train
+    from vllm_specx.training.blocks import assemble
+
+    ids = torch.tensor(prefix + [anchor] + drafts)
+    taps = target_taps(target, ids[None], draft.cfg.target_layer_ids)[0]
+    b = assemble([{"ids": ids, "taps": taps}], [[len(prefix)]], len(ids), draft.cfg.max_drafts,
+                 draft.cfg.mask_token_id, q=draft.cfg.block_size)
+    logits = dspark_train.forward(draft, b).logits[0, 0, :len(drafts)]
+    return (logits / TEMP).softmax(-1)
+
+
 @pytest.mark.parametrize("fmt", ["specx", "speculators"])
 def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
     draft = random_draft(target, anchor=(fmt == "specx"), seed=3)
@@ -55,7 +75,7 @@ def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
     verified = verified[1:]
     assert len(passes) >= PASSES and len(verified) >= PASSES, (len(passes), len(verified))
     pos = len(out.prompt_token_ids)  # pass 0's anchor: the first generated token
-    worst = 0.0
+    worst, trainer_checked = 0.0, 0
     for j in range(PASSES):
         (anchors, drafts, probs), (ver_ids, ver_probs) = passes[j], verified[j]
         assert anchors == [seq[pos]], f"pass {j}: anchor {anchors} != generated token {seq[pos]}"
@@ -70,6 +90,10 @@ def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
         err = (probs - ref).abs().max().item()
         worst = max(worst, err)
         assert err < 1e-5, f"{fmt} pass {j}: max |q - reference| = {err:.3g}"
+        if len(drafts) == draft.cfg.max_drafts:  # a full block: the trainer's shape
+            terr = (probs - trainer_conditionals(target, draft, seq[:pos], seq[pos], drafts)).abs().max().item()
+            assert terr < 1e-5, f"{fmt} pass {j}: max |q - trainer's q| = {terr:.3g}"
+            trainer_checked += 1
         assert all(probs[k, x] > 0 for k, x in enumerate(drafts))  # sampled from q's support
         assert (probs > 0).sum(1).min() > 50  # top-k 50 / top-p 0.9 not applied to the drafts
         # Next anchor: the accepted drafts (the emitted tokens that continue the drafts), then
@@ -78,4 +102,5 @@ def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
         while a < n and pos + 1 + a < len(seq) and seq[pos + 1 + a] == drafts[a]:
             a += 1
         pos += a + 1
+    assert trainer_checked == PASSES
     print(f"{fmt}: max |q - reference| over {PASSES} passes = {worst:.2e}")

@@ -5,8 +5,17 @@
 
 Writes, resumably (rerun the same command to continue after an interruption):
   <out>/tokens.jsonl             {"id", "prompt_ids", "output_ids"} per prompt, appended per batch
-  <out>/taps/<first-id>.safetensors   per sample "ids_<id>" [T] int64 and "taps_<id>" [T, n*H] fp16
-  <out>/meta.json                target, taps, temperature, max_tokens (checked on resume)
+  <out>/taps/<first-id>.safetensors   per sample "ids_<id>" [T] int64 and "taps_<id>" [T, n*H] fp16,
+                                 and with --topk K: "topk_ids_<id>" [T, K] int32 and
+                                 "topk_logp_<id>" [T, K] float32
+  <out>/meta.json                target, taps, temperature, max_tokens, ... (checked on resume)
+
+Top-k (`--topk K`): row t holds the K most likely next tokens (the token at t + 1) of the target
+at temperature 1 given ids[:t + 1], most likely first, with their log-probabilities under the
+**full** softmax (not renormalised: exp(logp).sum() < 1, the rest is the stored miss). The losses
+renormalise over the K (`vllm_specx.training.losses`, which says why TV stays exact).
+`--dtype bfloat16` runs the taps/top-k forward in bfloat16 (fast on CPUs with AMX; vLLM serves
+fp32 taps, which bf16-trained drafts read fine); the default float32 is the served arithmetic.
 
 The token ids come from vLLM (the distribution drafts are judged against). The taps are computed
 with transformers on the same weights: vLLM's CPU build cannot export hidden states (its
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -30,40 +40,79 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+TAPS_FIELDS = ("taps", "topk", "taps_dtype")  # the taps pass's part of meta.json
+
+
 def _check_meta(out: Path, meta: dict) -> None:
+    """Write meta.json, or check it against an existing one: the generation fields must match;
+    the taps fields may change only while no taps are stored (taps can be added to token data)."""
     file = out / "meta.json"
     if file.exists():
         old = json.loads(file.read_text())
-        if old != meta:
+        gen = lambda m: {k: v for k, v in m.items() if k not in TAPS_FIELDS}  # noqa: E731
+        taps = lambda m: {k: v for k, v in m.items() if k in TAPS_FIELDS and v}  # noqa: E731
+        stored = any((out / "taps").glob("*.safetensors")) if (out / "taps").is_dir() else False
+        if gen(old) != gen(meta) or (stored and taps(old) != taps(meta)):
             raise ValueError(f"{file}: existing data was made with {old}, not {meta}; use a new --out")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(meta, indent=2) + "\n")
+        if old == meta:
+            return
+    out.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def read_prompts(spec: str, limit: int | None = None) -> list[dict]:
+    """[{"id", "prompt"}] from a prompt-set name (`vllm_specx.assets.PROMPT_SETS`; a chat set's
+    prompt is its message list) or a jsonl file with "id" and "prompt" or "messages".
+
+    Refuses evaluation sets: drafts are never trained on what they are measured on."""
+    from vllm_specx import assets
+
+    if spec in assets.PROMPT_SETS:
+        if assets.PROMPT_SETS[spec][1] != "train":
+            raise ValueError(f"--prompts {spec}: an evaluation set ({assets.PROMPT_SETS[spec][2]}); "
+                             "train on a training set: "
+                             + ", ".join(n for n, v in assets.PROMPT_SETS.items() if v[1] == "train"))
+        return [{"id": i, "prompt": p} for i, p in enumerate(assets.load_prompts(spec, limit))]
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"--prompts {spec}: neither a prompt set ({', '.join(assets.PROMPT_SETS)}) nor a file")
+    rows = _read_jsonl(path)[:limit]
+    for n, r in enumerate(rows):
+        if "id" not in r or not ("prompt" in r or "messages" in r):
+            raise ValueError(f"{path}: line {n + 1} needs 'id' and 'prompt' or 'messages'")
+    return [{"id": r["id"], "prompt": r.get("messages", r.get("prompt"))} for r in rows]
 
 
 def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int,
-                    temperature: float = 0.0, batch: int = 64) -> None:
-    """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl."""
+                    temperature: float = 0.0, batch: int = 64, ignore_eos: bool = True) -> None:
+    """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl (chats rendered
+    with the target's chat template)."""
     done = {r["id"] for r in _read_jsonl(out / "tokens.jsonl")}
     todo = [p for p in prompts if p["id"] not in done]
     if not todo:
         return
+    from transformers import AutoTokenizer
     from vllm import SamplingParams
 
+    from vllm_specx.bench import render
     from vllm_specx.engine import cpu_llm
 
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
+    tok = AutoTokenizer.from_pretrained(target)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos, seed=0)
     with cpu_llm(target) as llm, open(out / "tokens.jsonl", "a") as f:
         for i in tqdm(range(0, len(todo), batch), desc="generate", unit="batch"):
             chunk = todo[i:i + batch]
-            for p, o in zip(chunk, llm.generate([p["prompt"] for p in chunk], params, use_tqdm=False)):
+            inputs = render([p["prompt"] for p in chunk], tok)
+            for p, o in zip(chunk, llm.generate(inputs, params, use_tqdm=False)):
                 f.write(json.dumps({"id": p["id"], "prompt_ids": list(o.prompt_token_ids),
                                     "output_ids": list(o.outputs[0].token_ids)}) + "\n")
             f.flush()
 
 
-def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32) -> None:
-    """Store the target's taps for every generated sequence, one safetensors file per shard."""
+def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
+               dtype: str = "float32") -> None:
+    """Store the target's taps (and, with topk > 0, its top-k next-token log-probabilities) for
+    every generated sequence, one safetensors file per shard."""
     from vllm_specx.training.taps import load_target, target_taps
 
     rows = _read_jsonl(out / "tokens.jsonl")
@@ -73,50 +122,114 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
         file = out / "taps" / f"{rows[i]['id']:06d}.safetensors"
         if file.exists():
             continue
-        model = model or load_target(target)
+        model = model or load_target(target, getattr(torch, dtype))
         seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
         # One padded forward per shard: right padding cannot change a causal model's earlier rows.
-        taps = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), layer_ids)
+        got = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), layer_ids,
+                          topk=topk)
+        taps, (top_logp, top_ids) = (got, (None, None)) if not topk else got
         tensors = {}
-        for r, ids, t in zip(rows[i:i + shard], seqs, taps):
+        for n, (r, ids, t) in enumerate(zip(rows[i:i + shard], seqs, taps)):
             tensors[f"ids_{r['id']}"] = ids
             tensors[f"taps_{r['id']}"] = t[: len(ids)].half()
+            if topk:
+                tensors[f"topk_ids_{r['id']}"] = top_ids[n, : len(ids)].int().contiguous()
+                tensors[f"topk_logp_{r['id']}"] = top_logp[n, : len(ids)].float().contiguous()
         save_file(tensors, str(file.with_suffix(".tmp")))
         file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
 
 
-def load_samples(out: Path) -> list[dict]:
-    """[{"ids": [T] int64, "taps": [T, n*H] fp16, "prompt_len": int}] for every stored sample."""
-    prompt_len = {r["id"]: len(r["prompt_ids"]) for r in _read_jsonl(out / "tokens.jsonl")}
-    samples = []
-    for file in sorted((out / "taps").glob("*.safetensors")):
+class SampleStore(Sequence):
+    """The stored samples, read from disk when indexed (nothing but an index is kept in RAM).
+
+    `store[i]` is {"ids": [T] int64, "taps": [T, n*H] fp16, "prompt_len": int, and when the data
+    has top-k: "topk_ids" [T, K] int64, "topk_logp" [T, K] float32}. `store.subset(indices)` is a
+    view (the trainer's train/validation split).
+    """
+
+    def __init__(self, out: Path, index: list[tuple[Path, int]] | None = None):
+        self.out = Path(out)
+        self.prompt_len = {r["id"]: len(r["prompt_ids"]) for r in _read_jsonl(self.out / "tokens.jsonl")}
+        if index is None:
+            index = []
+            for file in sorted((self.out / "taps").glob("*.safetensors")):
+                with safe_open(str(file), framework="pt") as f:
+                    index += [(file, int(key[4:])) for key in f.keys() if key.startswith("ids_")]
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        file, sid = self.index[i]
         with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                if key.startswith("ids_"):
-                    i = int(key[4:])
-                    samples.append({"ids": f.get_tensor(key), "taps": f.get_tensor(f"taps_{i}"),
-                                    "prompt_len": prompt_len[i]})
-    return samples
+            keys = set(f.keys())
+            s = {"ids": f.get_tensor(f"ids_{sid}"), "taps": f.get_tensor(f"taps_{sid}"),
+                 "prompt_len": self.prompt_len[sid]}
+            if f"topk_ids_{sid}" in keys:
+                s["topk_ids"] = f.get_tensor(f"topk_ids_{sid}").long()
+                s["topk_logp"] = f.get_tensor(f"topk_logp_{sid}")
+        return s
+
+    def subset(self, indices) -> SampleStore:
+        view = SampleStore.__new__(SampleStore)
+        view.out, view.prompt_len, view.index = self.out, self.prompt_len, [self.index[i] for i in indices]
+        return view
+
+
+def load_samples(out: Path) -> SampleStore:
+    """Every stored sample of a data folder (see `SampleStore`; read lazily)."""
+    return SampleStore(Path(out))
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vllm-specx gen-data", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--prompts", required=True, help="jsonl with 'id' and 'prompt'")
+    ap.add_argument("--target", required=True, help="a target name (vllm-specx target --help) or a model directory")
+    ap.add_argument("--prompts", required=True,
+                    help="a training prompt set by name (e.g. chat-train) or a jsonl with 'id' and 'prompt' or 'messages'")
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--taps", default="", help="comma-separated 0-based target layers; empty: tokens only")
-    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--topk", type=int, default=0,
+                    help="also store the target's top-K next-token log-probs (TV-type losses need them)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="arithmetic of the taps/top-k forward")
+    ap.add_argument("--limit", type=int, default=None, help="the first N prompts")
+    ap.add_argument("--spread", type=int, default=None,
+                    help="N prompts spread evenly over the set (every len/N-th), after --limit")
+    ap.add_argument("--taps-only", action="store_true",
+                    help="generate nothing: store taps for the responses already in <out>/tokens.jsonl")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="end a response at the target's end of answer (chat targets); default: exactly --max-tokens")
     args = ap.parse_args(argv)
+    from vllm_specx.targets import resolve
+
+    target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
     out = Path(args.out)
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
-    _check_meta(out, {"target": args.target, "taps": list(taps),
-                      "max_tokens": args.max_tokens, "temperature": args.temperature})
-    prompts = _read_jsonl(Path(args.prompts))[: args.limit]
-    generate_tokens(args.target, prompts, out, args.max_tokens, args.temperature)
+    prompts = read_prompts(args.prompts, args.limit)
+    if args.spread is not None and args.spread < len(prompts):
+        prompts = [prompts[i * len(prompts) // args.spread] for i in range(args.spread)]
+    meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
+            "temperature": args.temperature}
+    # Recorded only when set, so data made before these flags still resumes.
+    if args.stop_at_eos:
+        meta["stop_at_eos"] = True
+    if args.topk:
+        meta["topk"] = args.topk
+    if args.dtype != "float32":
+        meta["taps_dtype"] = args.dtype
+    _check_meta(out, meta)
+    if not args.taps_only:
+        generate_tokens(target, prompts, out, args.max_tokens, args.temperature,
+                        ignore_eos=not args.stop_at_eos)
     if taps:
-        write_taps(args.target, out, taps)
+        write_taps(target, out, taps, topk=args.topk, dtype=args.dtype)
+    elif args.topk:
+        raise ValueError("--topk needs --taps (they are stored together)")
 
 
 if __name__ == "__main__":

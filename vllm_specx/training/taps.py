@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 
-def load_target(path: str | Path):
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.eval()
 
 
@@ -26,14 +26,17 @@ def embed_and_head(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def target_taps(model, token_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
+def target_taps(model, token_ids: torch.Tensor, layer_ids: tuple[int, ...], topk: int = 0):
     """Taps for a batch of sequences.
 
     Args:
         token_ids: [B, T] int64.
         layer_ids: 0-based target layers, ascending.
+        topk: also return the target's top-k next-token log-probabilities (temperature 1).
     Returns:
-        [B, T, len(layer_ids) * hidden] float32, concatenated in ascending layer order.
+        [B, T, len(layer_ids) * hidden] float32, concatenated in ascending layer order; with
+        topk > 0 also (logp [B, T, topk] float32, ids [B, T, topk] int64): row t is the
+        distribution of token t + 1, log-probabilities under the full softmax, largest first.
     """
     layers = model.model.layers
     captured: dict[int, torch.Tensor] = {}
@@ -41,8 +44,15 @@ def target_taps(model, token_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> t
         lambda _m, _a, out, i=i: captured.__setitem__(i, out[0] if isinstance(out, tuple) else out))
         for i in layer_ids]
     try:
-        model.model(input_ids=token_ids)
+        last = model.model(input_ids=token_ids).last_hidden_state  # after the final norm
     finally:
         for h in hooks:
             h.remove()
-    return torch.cat([captured[i].float() for i in layer_ids], dim=-1)
+    taps = torch.cat([captured[i].float() for i in layer_ids], dim=-1)
+    if not topk:
+        return taps
+    top = []
+    for row in last:  # one sequence at a time: [T, V] logits, not [B, T, V]
+        logp = torch.log_softmax(model.lm_head(row).float(), -1)
+        top.append(logp.topk(topk, -1))
+    return taps, (torch.stack([t.values for t in top]), torch.stack([t.indices for t in top]))

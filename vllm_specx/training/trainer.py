@@ -1,25 +1,33 @@
-"""One training loop for every trainable method in the registry; it never names a method.
+"""One training loop for every trainable method and baseline in the registry; it never names a method.
 
-    python -m vllm_specx.training.trainer --method <name> --target assets/ref-target \
-        --data runs/data --out assets/drafts/<head> --steps 600      # or: vllm-specx train ...
+    vllm-specx train --method <name> --target <target dir> --data runs/data --out <draft dir> \
+        --steps 600 [--loss ce|tv|chain-tv|...] [--device cuda --dtype bfloat16] [--resume]
+    vllm-specx train --config <draft dir>/training.json     # re-run a recorded run exactly
 
-The method's trainer hooks (`Method.trainer`, a module) supply what differs per method:
+The method's trainer hooks (`registry.trainers()`, a module) supply what differs per method:
 
 * `add_args(parser)`: the method's own flags;
 * `build(target, args, data_meta, embed, lm_head) -> model` (an nn.Module with `.cfg`);
-* `batch(model, samples, rng, size, args) -> dict` of tensors;
-* `forward(model, batch) -> losses.DraftOutput` (draft logits and the tokens they should predict);
-* `save(model, out_dir)`.
+* `batch(model, samples, rng, size, args) -> dict` of tensors (CPU);
+* `forward(model, batch) -> losses.DraftOutput` (draft logits and what they should predict);
+* `save(model, out_dir, dtype)`: a checkpoint vLLM loads (our proposer's, or vLLM's built-in).
 
-The loop owns the rest: data loading (`training.data`), optimiser, schedule, the loss
-(`--loss`, from `training.losses.LOSSES`, weighted per draft position by exp(-k / gamma)),
-validation on a held-back slice of the data, and `training.json` beside the checkpoint (the exact
-command, the data's meta, the log). Deterministic given `--seed`.
+The loop owns the rest: streaming the data from disk (`training.data.SampleStore`), optimiser
+(AdamW, warm-up + cosine), the loss (`--loss`, `training.losses.LOSSES`, positions weighted by
+exp(-k / gamma)), bf16 autocast (`--dtype`), validation on held-back samples every `--val-every`
+steps printing the loss, per-position greedy acceptance, per-position alpha (sampled acceptance)
+and two analytic taus: `tau_greedy` = mean over validation blocks of 1 + sum_j prod_{i<=j}
+[draft i = target token] (teacher-forced greedy accepted length), `tau_sampled` = mean of 1 +
+sum_j prod_{i<=j} alpha_i (needs the data's top-k). `<out>/trainer_state.pt` is written every
+`--save-every` steps and at the end (`--resume` continues from it, bit for bit on CPU), and
+`<out>/training.json` records the arguments, the command, the data's meta and the log.
+Deterministic given `--seed` (on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -32,30 +40,64 @@ import torch
 from tqdm import tqdm
 
 from vllm_specx import registry
-from vllm_specx.training.losses import LOSSES, per_position_accuracy, position_weights
+from vllm_specx.training.losses import (
+    IGNORE,
+    LOSSES,
+    NEEDS_TARGET_DISTRIBUTION,
+    acceptance_rate,
+    position_weights,
+)
+
+STATE_FILE = "trainer_state.pt"
+RECORD_FILE = "training.json"
 
 
-def trainable_methods() -> dict[str, registry.Method]:
-    return {name: m for name, m in registry.methods().items() if m.trainer}
-
-
-def hooks(method: registry.Method):
-    return importlib.import_module(method.trainer)
+def hooks(method_name: str):
+    return importlib.import_module(registry.trainers()[method_name])
 
 
 def loss_and_accuracy(out, loss: str, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(the `loss` of a forward's output with exp(-k / gamma) position weights, per-position accuracy)."""
+    from vllm_specx.training.losses import per_position_accuracy
+
     n = out.targets.shape[-1]
     with torch.no_grad():
         acc = per_position_accuracy(out)
-    return LOSSES[loss](out, position_weights(n, gamma)), acc
+    return LOSSES[loss](out, position_weights(n, gamma).to(out.logits.device)), acc
+
+
+def validation_stats(out) -> dict[str, torch.Tensor]:
+    """Sums over valid blocks/positions of one validation batch (`summarise` turns them into means)."""
+    n = out.targets.shape[-1]
+    logits = out.logits.reshape(-1, n, out.logits.shape[-1])
+    targets = out.targets.reshape(-1, n)
+    valid = (targets != IGNORE).float()
+    hit = (logits.argmax(-1) == targets).float() * valid
+    full = valid.all(-1).float()  # blocks with every position in range (taus are over these)
+    st = {"valid": valid.sum(0), "hit": hit.sum(0), "blocks": full.sum(),
+          "tau_greedy": ((1 + torch.cumprod(hit, -1).sum(-1)) * full).sum()}
+    if out.target_ids is not None:
+        alpha = acceptance_rate(out).float() * valid
+        st["alpha"] = alpha.sum(0)
+        st["tau_sampled"] = ((1 + torch.cumprod(alpha, -1).sum(-1)) * full).sum()
+    return st
+
+
+def summarise(total: dict[str, torch.Tensor]) -> dict:
+    out = {"val_acc_per_pos": [round(a, 3) for a in (total["hit"] / total["valid"].clamp(min=1)).tolist()],
+           "tau_greedy": round((total["tau_greedy"] / total["blocks"].clamp(min=1)).item(), 3)}
+    if "alpha" in total:
+        out["val_alpha_per_pos"] = [round(a, 3) for a in (total["alpha"] / total["valid"].clamp(min=1)).tolist()]
+        out["tau_sampled"] = round((total["tau_sampled"] / total["blocks"].clamp(min=1)).item(), 3)
+    return out
 
 
 def parser(method_name: str | None = None) -> argparse.ArgumentParser:
-    methods = trainable_methods()
+    names = sorted(registry.trainers())
     ap = argparse.ArgumentParser(prog="vllm-specx train", description=__doc__.split("\n")[0])
-    ap.add_argument("--method", required=True, choices=sorted(methods))
-    ap.add_argument("--target", required=True)
+    ap.add_argument("--config", help=f"a {RECORD_FILE}: its arguments are the defaults")
+    ap.add_argument("--method", required=True, choices=names)
+    ap.add_argument("--target", required=True, help="a target name (e.g. smollm2) or a model directory")
     ap.add_argument("--data", required=True, help="output folder of `vllm-specx gen-data`")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=600)
@@ -64,19 +106,50 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--gamma", type=float, default=4.0, help="position weight exp(-k / gamma)")
     ap.add_argument("--val-samples", type=int, default=32)
+    ap.add_argument("--val-every", type=int, default=100)
+    ap.add_argument("--save-every", type=int, default=200, help=f"steps between {STATE_FILE} writes")
+    ap.add_argument("--resume", action="store_true", help=f"continue from <out>/{STATE_FILE}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    if method_name in methods:
-        hooks(methods[method_name]).add_args(ap)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="autocast dtype of forward/backward (parameters stay float32)")
+    ap.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="dtype of the saved checkpoint tensors")
+    if method_name in names:
+        hooks(method_name).add_args(ap)
     return ap
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--method")
+    pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    return parser(known.method).parse_args(argv)
+    defaults = {}
+    if known.config:
+        file = Path(known.config)
+        try:
+            defaults = json.loads(file.read_text())["args"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"--config {file}: not a {RECORD_FILE} with an 'args' object ({e})") from None
+    ap = parser(known.method or defaults.get("method"))
+    known_dests = {a.dest for a in ap._actions}
+    unknown = sorted(set(defaults) - known_dests)
+    if unknown:
+        raise SystemExit(f"--config {known.config}: unknown argument(s) {unknown}")
+    ap.set_defaults(**{k: v for k, v in defaults.items() if k != "config"})
+    for a in ap._actions:  # recorded values satisfy required flags
+        if a.dest in defaults:
+            a.required = False
+    args = ap.parse_args(argv)
+    args.config = None
+    return args
+
+
+def _to(batch: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -84,43 +157,90 @@ def train(args: argparse.Namespace) -> dict:
     from vllm_specx.training.data import load_samples
     from vllm_specx.training.taps import embed_and_head, load_target
 
-    h = hooks(registry.get(args.method))
+    h = hooks(args.method)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: this torch build sees no CUDA device")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     meta = json.loads((Path(args.data) / "meta.json").read_text())
-    target = load_target(args.target)
+    if args.loss in NEEDS_TARGET_DISTRIBUTION and not meta.get("topk"):
+        raise SystemExit(f"--loss {args.loss} needs the target's distribution: {args.data} has no "
+                         "top-k (make it with `vllm-specx gen-data ... --topk 32`)")
+    from vllm_specx.targets import resolve
+
+    target = load_target(resolve(args.target))
     samples = load_samples(Path(args.data))
-    rng.shuffle(samples)
-    val, train_set = samples[:args.val_samples], samples[args.val_samples:]
-    model = h.build(target, args, meta, *embed_and_head(target))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                            weight_decay=0.01, betas=(0.9, 0.95))
+    if len(samples) <= args.val_samples:
+        raise SystemExit(f"--data {args.data}: {len(samples)} samples, not more than --val-samples {args.val_samples}")
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    val, train_set = samples.subset(order[:args.val_samples]), samples.subset(order[args.val_samples:])
+    model = h.build(target, args, meta, *embed_and_head(target)).to(device)
+    del target
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
-    val_batch = h.batch(model, val, random.Random(1), len(val), args)
-    t0, log = time.time(), []
-    for step in (bar := tqdm(range(args.steps), desc="train")):
-        loss, _ = loss_and_accuracy(h.forward(model, h.batch(model, train_set, rng, args.batch, args)),
-                                    args.loss, args.gamma)
+    vrng = random.Random(1)
+    val_batches = [h.batch(model, val.subset(range(i, min(i + args.batch, len(val)))), vrng,
+                           min(args.batch, len(val) - i), args) for i in range(0, len(val), args.batch)]
+    out_dir = Path(args.out)
+    start, log, wall = 0, [], 0.0
+    if args.resume and (out_dir / STATE_FILE).is_file():
+        st = torch.load(out_dir / STATE_FILE, map_location=device, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        rng.setstate(st["rng"])
+        torch.set_rng_state(st["torch_rng"])
+        start, log, wall = st["step"], st["log"], st["wall_s"]
+        tqdm.write(f"resumed from {out_dir / STATE_FILE} at step {start}")
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16"
+                else contextlib.nullcontext())
+
+    def save_state(step):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "step": step, "log": log,
+                    "wall_s": wall + time.time() - t0}, out_dir / (STATE_FILE + ".tmp"))
+        (out_dir / (STATE_FILE + ".tmp")).replace(out_dir / STATE_FILE)
+
+    def validate(step, train_loss):
+        total, vloss = {}, 0.0
+        with torch.no_grad(), autocast:
+            for vb in val_batches:
+                vout = h.forward(model, _to(vb, device))
+                vloss += loss_and_accuracy(vout, args.loss, args.gamma)[0].item() / len(val_batches)
+                for k, v in validation_stats(vout).items():
+                    total[k] = total.get(k, 0) + v.float().cpu()
+        log.append({"step": step, "train_loss": train_loss, "val_loss": round(vloss, 4),
+                    **summarise(total), "elapsed_s": round(wall + time.time() - t0, 1)})
+        tqdm.write(json.dumps(log[-1]))
+
+    t0 = time.time()
+    if start == 0:
+        validate(0, None)  # the initial model: what training improves on
+    for step in (bar := tqdm(range(start, args.steps), desc=f"train {args.method}", initial=start, total=args.steps)):
+        with autocast:
+            out = h.forward(model, _to(h.batch(model, train_set, rng, args.batch, args), device))
+            loss, _ = loss_and_accuracy(out, args.loss, args.gamma)
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if (step + 1) % 100 == 0 or step + 1 == args.steps:
-            with torch.no_grad():
-                vloss, vacc = loss_and_accuracy(h.forward(model, val_batch), args.loss, args.gamma)
-            # Expected accepted length under greedy verification if positions were independent.
-            est_tau = 1 + torch.cumprod(vacc, 0).sum().item()
-            log.append({"step": step + 1, "train_loss": round(loss.item(), 4), "val_loss": round(vloss.item(), 4),
-                        "val_acc_per_pos": [round(a, 3) for a in vacc.tolist()], "est_tau": round(est_tau, 3)})
-            tqdm.write(json.dumps(log[-1]))
-    record = {"command": "python -m vllm_specx.training.trainer " + command_flags(args), "data": meta,
-        "train_samples": len(train_set), "wall_s": round(time.time() - t0, 1), "log": log}
-    h.save(model, args.out)
-    (Path(args.out) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+        if (step + 1) % args.val_every == 0 or step + 1 == args.steps:
+            validate(step + 1, round(loss.item(), 4))
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_state(step + 1)
+    record = {"command": "vllm-specx train " + command_flags(args), "args": vars(args), "data": meta,
+              "train_samples": len(train_set), "val_samples": len(val),
+              "wall_s": round(wall + time.time() - t0, 1), "log": log}
+    h.save(model, args.out, getattr(torch, args.save_dtype))
+    (out_dir / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {args.out}")
     return record
 
@@ -129,6 +249,8 @@ def command_flags(args: argparse.Namespace) -> str:
     """The flags that re-run `args` (switches only when set; unset options left out)."""
     out = []
     for k, v in vars(args).items():
+        if k in ("config", "resume"):
+            continue
         flag = "--" + k.replace("_", "-")
         if v is True:
             out.append(flag)

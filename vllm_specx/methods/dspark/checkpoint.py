@@ -23,6 +23,8 @@ they differ only in config.json:
 
 from __future__ import annotations
 
+import torch
+
 from pathlib import Path
 from typing import Any
 
@@ -186,11 +188,12 @@ def layer_config(cfg: DSparkDraftConfig) -> dict:
     }
 
 
-def save_specx(draft, path: str | Path, extra: dict | None = None) -> None:
-    """Write `draft` (a `model.DSparkDraft`) in vllm-specx format: config.json + model.safetensors (fp32)."""
+def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float32) -> None:
+    """Write `draft` (a `model.DSparkDraft`) in vllm-specx format: config.json + model.safetensors
+    (float32, or `dtype`, e.g. bfloat16 to halve the file; vLLM casts to the engine's dtype)."""
     c = draft.cfg
     config = {
-        "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": "float32",
+        "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": str(dtype).removeprefix("torch."),
         "specx": {
             "method": METHOD_NAME, "format_version": FORMAT_VERSION,
             "target_layer_ids": list(c.target_layer_ids),
@@ -201,7 +204,7 @@ def save_specx(draft, path: str | Path, extra: dict | None = None) -> None:
             "sliding_window": c.sliding_window, **(extra or {}),
         },
     }
-    _write(draft, path, config)
+    _write(draft, path, config, dtype)
 
 
 def save_speculators(draft, path: str | Path, verifier: str) -> None:
@@ -238,9 +241,9 @@ def save(draft, path: str | Path, fmt: str = "specx", **kw) -> None:
     {"specx": save_specx, "speculators": save_speculators}[fmt](draft, path, **kw)
 
 
-def _write(draft, path, config: dict) -> None:
+def _write(draft, path, config: dict, dtype: torch.dtype = torch.float32) -> None:
     write_config_json(path, config)
-    save_tensors(path, {k: v.float() for k, v in draft.state_dict().items()})
+    save_tensors(path, {k: v.to(dtype) for k, v in draft.state_dict().items()})
 
 
 def load_draft(path: str | Path, embed, lm_head):

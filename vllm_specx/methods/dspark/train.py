@@ -3,9 +3,22 @@ training blocks out of on-policy samples, run the teacher-forced forward, save.
 
 Each batch takes `size` sequences, picks `--anchors` random anchor positions a per sequence in
 the generated part, and trains the block [x_a, mask, ...] of block_size slots to predict
-x_{a+1..a+N}, N = `max_drafts` (every slot in the anchor layout, slots 1.. in the fill-in layout),
-with the Markov head teacher-forced (prev_k = x_{a+k}). All blocks of a sequence run in one attention call
-(mask from `model.block_mask`).
+x_{a+1..a+N}, N = `max_drafts` (every slot in the anchor layout, slots 1.. in the fill-in layout).
+All blocks of a sequence run in one attention call (mask from `model.block_mask`).
+
+Which tokens the sequential (Markov) head sees, `--chain-tokens`:
+
+* `target` (default): prev_k = x_{a+k}, the target's own continuation. In serving, draft k is
+  only ever verified when drafts 0..k-1 were accepted; at temperature 0 that means they *were*
+  x_{a+1..a+k}, so these are exactly the tokens the head conditions on whenever its output
+  counts, and the target distribution at k (the data's top-k) is conditioned on the same prefix.
+* `draft`: prev_k = the head's own greedy draft k-1 (what it sees before verification, right or
+  wrong). Where it is wrong the chain is rejected in serving anyway, and the stored target
+  distribution is conditioned on x, not on the draft, so this trains on cases serving discards;
+  it is here to measure that.
+
+`tests/e2e/test_draft_probs.py` checks that the per-slot q of this forward (for a block whose
+continuation is the proposer's drafts) equals what vLLM's rejection sampler receives.
 """
 
 from __future__ import annotations
@@ -14,11 +27,11 @@ import argparse
 import random
 
 import torch
-import torch.nn.functional as F
 
 from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
+from vllm_specx.training.blocks import make_batch
 from vllm_specx.training.losses import DraftOutput
 
 
@@ -35,13 +48,19 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="anchor: a block of B slots drafts B tokens; fill-in: DFlash's, B - 1")
     ap.add_argument("--causal", action="store_true", help="causal attention inside the block")
     ap.add_argument("--sliding-window", type=int, default=None, help="context window of a block")
+    ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
+                    help="previous tokens the Markov head is trained on (see the module docstring)")
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> DSparkDraft:
     """A freshly initialised head for `target` (transformers model) on the data's taps."""
     if args.mask_token_id is None:
         from transformers import AutoTokenizer
-        args.mask_token_id = AutoTokenizer.from_pretrained(args.target).convert_tokens_to_ids("<|mask|>")
+        tok = AutoTokenizer.from_pretrained(target.name_or_path)
+        args.mask_token_id = tok.get_vocab().get("<|mask|>", tok.mask_token_id)
+        if args.mask_token_id is None:
+            raise SystemExit(f"--target {args.target}: its tokenizer has no <|mask|> or mask token; pass "
+                             "--mask-token-id (any id whose target embedding the mask slots start from)")
     cfg = DSparkDraftConfig.for_target(
         target.config.to_dict(), target_layer_ids=tuple(data_meta["taps"]), num_hidden_layers=args.layers,
         block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank,
@@ -58,46 +77,10 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
 
 def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args) -> dict:
     c = draft.cfg
-    return make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
-                      q=c.block_size)
-
-
-def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
-               n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
-    """Crop `batch` sequences to `seq_len` and place `anchors` blocks of `q` slots in each
-    (default q = n + 1), each with `n` draft targets.
-
-    Returns tensors: taps [B, S, n_taps*H], ids [B, S], anchors [B, M], block_ids/pos [B, M*q],
-    targets/prev [B, M, n] (-100 = no loss).
-    """
-    q = n + 1 if q is None else q
-    taps, ids, anc = [], [], []
-    for s in rng.sample(samples, batch):
-        total, p = len(s["ids"]), s["prompt_len"]
-        hi_start = max(0, total - seq_len)  # crop inside the sequence
-        start = rng.randint(min(max(0, p - seq_len // 2), hi_start), hi_start)  # mostly generated text
-        crop = slice(start, start + seq_len)
-        x, t = s["ids"][crop], s["taps"][crop].float()
-        pad = seq_len - len(x)
-        x = F.pad(x, (0, pad), value=0)
-        t = F.pad(t, (0, 0, 0, pad))
-        lo, hi = max(1, p - 1 - start), min(total - start, seq_len) - 2  # a >= 1 context row; a+1 in crop
-        a = sorted(rng.randint(lo, max(lo, hi)) for _ in range(anchors))
-        taps.append(t), ids.append(x), anc.append(a)
-        valid_end = min(seq_len, total - start)
-        ids[-1][valid_end:] = -100  # marks padding for the targets below
-    ids, anc = torch.stack(ids), torch.tensor(anc)
-    offs = torch.arange(q)
-    pos = (anc[..., None] + offs).reshape(len(anc), -1)  # [B, M*q]
-    block_ids = torch.full_like(pos, mask_id)
-    block_ids.view(len(anc), anchors, q)[..., 0] = ids.gather(1, anc)
-    tgt_pos = anc[..., None] + 1 + torch.arange(n)  # [B, M, n]
-    in_range = tgt_pos < ids.shape[1]
-    tpos = tgt_pos.clamp(max=ids.shape[1] - 1)
-    targets = torch.where(in_range, ids.gather(1, tpos.flatten(1)).view_as(tpos), -100)
-    prev = ids.gather(1, (tpos - 1).flatten(1)).view_as(tpos).clamp(min=0)
-    return {"taps": torch.stack(taps), "anchors": anc, "block_ids": block_ids.clamp(min=0), "pos": pos,
-            "targets": targets, "prev": prev}
+    b = make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
+                   q=c.block_size)
+    b["chain_tokens"] = getattr(args, "chain_tokens", "target")
+    return b
 
 
 def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
@@ -112,9 +95,28 @@ def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
     slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}
     if o:  # fill-in: slot 0 (the anchor's) has the anchor as prev too
         slot_prev = torch.cat([b["block_ids"].view(bsz, m, q)[..., :1], slot_prev], -1)
-    logits = draft.slot_logits(h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
-    return DraftOutput(logits=logits, targets=b["targets"])
+    if b.get("chain_tokens", "target") == "draft":
+        logits = own_chain_logits(draft, h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
+    else:
+        logits = draft.slot_logits(h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
+    return DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
+                       target_logp=b.get("topk_logp"))
 
 
-def save(draft: DSparkDraft, out) -> None:
-    save_specx(draft, out)
+def own_chain_logits(draft: DSparkDraft, h: torch.Tensor, slot_prev: torch.Tensor) -> torch.Tensor:
+    """Slot logits [..., Q, V] with the Markov head fed its own greedy drafts, as the proposer
+    drafts: slot 0 (anchor layout) or slots 0 and 1 (fill-in) take the anchor, later slots the
+    argmax of the slot before (no gradient through the choice)."""
+    o = draft.cfg.slot_offset
+    base = h @ draft.lm_head.t()
+    prev, state, out = slot_prev[..., 0], None, []
+    for j in range(h.shape[-2]):
+        bias, state = draft.markov_head.step(prev, h[..., j, :], state)
+        out.append(base[..., j, :] + bias)
+        if j >= o:
+            prev = out[-1].detach().argmax(-1)
+    return torch.stack(out, -2)
+
+
+def save(draft: DSparkDraft, out, dtype: torch.dtype = torch.float32) -> None:
+    save_specx(draft, out, dtype=dtype)

@@ -1,0 +1,84 @@
+"""The EAGLE-3 draft's config: vLLM's `Eagle3LlamaForCausalLM` fields, checked on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_specx.checkpoint import from_aux_ids, to_aux_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+    """One Llama decoder layer over [embed(token); fused taps] (vLLM's llama_eagle3 with its
+    defaults: no norm before fc, no fc norms, residual taken before the hidden norm, the next
+    step's hidden = the pre-norm output). Embeddings and lm_head are the target's (full vocab).
+
+    Attributes as in vLLM's draft config.json; `target_layer_ids` are 0-based target layers
+    (vLLM's `eagle_aux_hidden_state_layer_ids` = these + 1).
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    vocab_size: int
+    rope_theta: float
+    max_position_embeddings: int
+    target_hidden_size: int
+    target_layer_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "target_layer_ids", tuple(int(t) for t in self.target_layer_ids))
+        for f in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "target_hidden_size", "max_position_embeddings"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
+                raise ValueError(f"EAGLE-3 config: {f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"EAGLE-3 config: num_attention_heads ({self.num_attention_heads}) is not a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if not self.target_layer_ids or sorted(set(self.target_layer_ids)) != list(self.target_layer_ids) \
+                or min(self.target_layer_ids) < 0:
+            raise ValueError(f"EAGLE-3 config: target_layer_ids {list(self.target_layer_ids)} must be "
+                             "distinct ascending 0-based layers")
+        if self.hidden_size != self.target_hidden_size:
+            raise ValueError(f"EAGLE-3 config: hidden_size ({self.hidden_size}) must equal the target's "
+                             f"({self.target_hidden_size}): the draft shares its embeddings and lm_head")
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError("EAGLE-3 config: rms_norm_eps and rope_theta must be > 0")
+
+    @classmethod
+    def for_target(cls, target: dict[str, Any], target_layer_ids) -> Eagle3Config:
+        """A draft layer with the target's shapes (`target`: its HF config as a dict)."""
+        rope = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        h = target["hidden_size"]
+        return cls(hidden_size=h, num_attention_heads=target["num_attention_heads"],
+                   num_key_value_heads=target.get("num_key_value_heads") or target["num_attention_heads"],
+                   head_dim=target.get("head_dim") or h // target["num_attention_heads"],
+                   intermediate_size=target["intermediate_size"], rms_norm_eps=target["rms_norm_eps"],
+                   vocab_size=target["vocab_size"], rope_theta=float(rope),
+                   max_position_embeddings=target.get("max_position_embeddings", 8192),
+                   target_hidden_size=h, target_layer_ids=tuple(target_layer_ids))
+
+    def vllm_config_json(self) -> dict[str, Any]:
+        """The config.json vLLM's built-in `eagle3` method loads (`LlamaForCausalLMEagle3`)."""
+        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                "hidden_size": self.hidden_size, "num_hidden_layers": 1,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+                "intermediate_size": self.intermediate_size, "rms_norm_eps": self.rms_norm_eps,
+                "vocab_size": self.vocab_size, "draft_vocab_size": self.vocab_size,
+                "max_position_embeddings": self.max_position_embeddings, "rope_theta": self.rope_theta,
+                "hidden_act": "silu", "tie_word_embeddings": False,
+                "target_hidden_size": self.target_hidden_size,
+                "num_aux_hidden_states": len(self.target_layer_ids),
+                "eagle_aux_hidden_state_layer_ids": to_aux_ids(self.target_layer_ids),
+                "specx": {"trained_by": "vllm-specx", "target_layer_ids": list(self.target_layer_ids)}}
+
+    @classmethod
+    def from_vllm_config_json(cls, raw: dict[str, Any]) -> Eagle3Config:
+        taps = raw.get("specx", {}).get("target_layer_ids") or from_aux_ids(raw["eagle_aux_hidden_state_layer_ids"])
+        fields = {f.name for f in dataclasses.fields(cls)} - {"target_layer_ids"}
+        return cls(**{k: raw[k] for k in fields}, target_layer_ids=tuple(taps))

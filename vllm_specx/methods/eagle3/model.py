@@ -1,0 +1,160 @@
+"""The EAGLE-3 draft in plain PyTorch: vLLM's `llama_eagle3` math (the contract), unrolled for
+training the way vLLM's EAGLE proposer drafts.
+
+Notation: taps_t = the fused target taps at position t (`Eagle3Config.target_layer_ids`),
+x_t the tokens, embed / lm_head the target's. One decoder layer, inputs (token e, hidden g):
+
+    a   = attn(cat[input_layernorm(embed(e)), hidden_norm(g)])    RoPE at the step's position,
+                                                                  q/k/v: 2H -> heads
+    r   = a + g
+    out = mlp(post_attention_layernorm(r)) + r                    (pre-norm output)
+    logits = lm_head(norm(out));  the next step's g = out
+
+Drafting from anchor a (the last verified token; the target's taps exist for positions < a):
+
+    step 0, every position p:  (e, g) = (x_{p+1}, fc(taps_p)) at position p;  its K/V are the
+                               draft's KV cache (so they are recomputed from the target's taps
+                               for every verified position)
+    draft 0 = argmax logits of step 0 at p = a - 1             (predicts x_{a+1})
+    step j >= 1:  (e, g) = (draft j-1, out of step j-1) at position a - 1 + j; attends to step-0
+                  K/V at positions <= a - 1 and to its own chain's steps 1..j (positions
+                  a .. a - 1 + j); draft j predicts x_{a+1+j}.
+
+Training (`chain_logits`) unrolls exactly this for M anchors per sequence (training-time test):
+step j's token is x_{a+j} (the target's; `chain_tokens="target"`, exact whenever the chain's
+earlier drafts are accepted at temperature 0) or the chain's own greedy draft j-1 ("draft").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_specx.layers import RMSNorm, rope
+from vllm_specx.methods.eagle3.config import Eagle3Config
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor):
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("embed", embed.detach().clone(), persistent=False)
+        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.fc = nn.Linear(cfg.target_hidden_size * len(cfg.target_layer_ids), h, bias=False)
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(2 * h, cfg.num_attention_heads * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, cfg.num_key_value_heads * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, cfg.num_key_value_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, h, bias=False)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    # vLLM-native tensor names (`midlayer.*`), as `Eagle3LlamaForCausalLM.load_weights` maps them.
+    def vllm_state_dict(self) -> dict[str, torch.Tensor]:
+        m = "midlayer."
+        out = {"fc.weight": self.fc.weight, "norm.weight": self.norm.weight,
+               m + "input_layernorm.weight": self.input_layernorm.weight,
+               m + "hidden_norm.weight": self.hidden_norm.weight,
+               m + "post_attention_layernorm.weight": self.post_attention_layernorm.weight}
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out[f"{m}self_attn.{n}.weight"] = getattr(self, n).weight
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            out[f"{m}mlp.{n}.weight"] = getattr(self, n).weight
+        return out
+
+    def load_vllm_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        own = self.vllm_state_dict()
+        missing = sorted(set(own) - set(tensors))
+        if missing:
+            raise ValueError(f"EAGLE-3 checkpoint: missing tensor(s) {missing}")
+        with torch.no_grad():
+            for k, p in own.items():
+                if tuple(tensors[k].shape) != tuple(p.shape):
+                    raise ValueError(f"EAGLE-3 checkpoint: {k} has shape {list(tensors[k].shape)}, "
+                                     f"expected {list(p.shape)}")
+                p.copy_(tensors[k].to(p.dtype))
+
+    def _qkv(self, e_ids: torch.Tensor, g: torch.Tensor, pos: torch.Tensor):
+        """q [.., heads, hd], k, v [.., kv_heads, hd] of inputs (token ids e, hidden g) at pos."""
+        c = self.cfg
+        x = torch.cat([self.input_layernorm(self.embed[e_ids]), self.hidden_norm(g)], -1)
+        q = self.q_proj(x).unflatten(-1, (c.num_attention_heads, c.head_dim))
+        k = self.k_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = self.v_proj(x).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        return rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta), v
+
+    def _finish(self, attn: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        r = self.o_proj(attn) + g
+        x = self.post_attention_layernorm(r)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)) + r
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.norm(out) @ self.lm_head.t()
+
+    def context(self, taps: torch.Tensor, ids: torch.Tensor):
+        """Step 0 at every position. taps [B, S, n*Ht], ids [B, S] (ids[:, p+1] is step 0's token
+        at p; the last position takes token 0, unused). Returns (out [B, S, H], k, v [B, S, kvh, hd])."""
+        b, s = ids.shape
+        g = self.fc(taps)
+        nxt = torch.cat([ids[:, 1:], ids.new_zeros(b, 1)], 1).clamp(min=0)
+        pos = torch.arange(s, device=ids.device).expand(b, s)
+        q, k, v = self._qkv(nxt, g, pos)
+        mask = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
+        rep = q.shape[-2] // k.shape[-2]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
+                                           v.repeat_interleave(rep, 2).transpose(1, 2), attn_mask=mask,
+                                           scale=1 / math.sqrt(self.cfg.head_dim))
+        return self._finish(o.transpose(1, 2).flatten(2), g), k, v
+
+    def chain_logits(self, taps: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, n: int,
+                     chain_tokens: str = "target") -> torch.Tensor:
+        """Logits [B, M, n, V] of drafts 0..n-1 from each anchor a ([B, M], 1 <= a): the module
+        docstring's chain, with step j's token x_{a+j} ("target"; ids [B, S], -100 = padding) or
+        the previous draft ("draft")."""
+        c = self.cfg
+        out0, k0, v0 = self.context(taps, ids)
+        b, m = anchors.shape
+        p = anchors - 1  # step 0's position for each chain
+        bi = torch.arange(b, device=ids.device)[:, None]
+        g = out0[bi, p]  # [B, M, H]
+        logits = [self.logits(g)]
+        s = ids.shape[1]
+        ctx_mask = torch.arange(s, device=ids.device)[None, None, :] <= p[..., None]  # [B, M, S]
+        rep = c.num_attention_heads // c.num_key_value_heads
+        kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
+        own_k, own_v = [], []
+        for j in range(1, n):
+            if chain_tokens == "draft":
+                tok = logits[-1].detach().argmax(-1)
+            else:
+                tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
+            q, k, v = self._qkv(tok, g, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
+            own_k.append(k.repeat_interleave(rep, -2))
+            own_v.append(v.repeat_interleave(rep, -2))
+            scale = 1 / math.sqrt(c.head_dim)
+            sc = torch.einsum("bmhd,bshd->bmhs", q, kc) * scale
+            sc = sc.masked_fill(~ctx_mask[:, :, None, :], float("-inf"))
+            ko, vo = torch.stack(own_k, 2), torch.stack(own_v, 2)  # [B, M, j, h, hd]
+            so = torch.einsum("bmhd,bmjhd->bmhj", q, ko) * scale
+            w = torch.softmax(torch.cat([sc, so], -1).float(), -1).to(q.dtype)
+            o = torch.einsum("bmhs,bshd->bmhd", w[..., :s], vc) + torch.einsum("bmhj,bmjhd->bmhd", w[..., s:], vo)
+            g = self._finish(o.flatten(-2), g)
+            logits.append(self.logits(g))
+        return torch.stack(logits, 2)
+
+    @torch.no_grad()
+    def greedy_drafts(self, taps: torch.Tensor, ids: torch.Tensor, n: int) -> list[int]:
+        """Reference greedy drafts for one request: context taps [T, n*Ht] of positions 0..T-1
+        and the verified tokens ids [T + 1] (the last one is the anchor, position T)."""
+        a = torch.tensor([[ids.shape[0] - 1]])
+        pad = F.pad(ids, (0, n))[None]
+        taps = F.pad(taps, (0, 0, 0, n + 1))[None]
+        return self.chain_logits(taps, pad, a, n, "draft")[0, 0].argmax(-1).tolist()

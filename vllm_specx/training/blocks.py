@@ -1,0 +1,70 @@
+"""Training blocks cut out of on-policy samples, shared by every method's trainer hooks.
+
+A block is anchored at a position a of a sequence (the last verified token when serving): the
+draft sees the target's taps of positions < a, the anchor token x_a, and is trained to predict
+x_{a+1} .. x_{a+n}, against the target's tokens and, when the data has them, its top-k
+distributions (row a + k of the data's top-k is the target's distribution of x_{a+1+k}).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+
+def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
+               n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
+    """Crop `batch` sequences to `seq_len` and place `anchors` random blocks in each (see
+    `assemble`)."""
+    crops, anc = [], []
+    for s in rng.sample(samples, batch):
+        total, p = len(s["ids"]), s["prompt_len"]
+        hi_start = max(0, total - seq_len)  # crop inside the sequence
+        start = rng.randint(min(max(0, p - seq_len // 2), hi_start), hi_start)  # mostly generated text
+        crop = slice(start, start + seq_len)
+        crops.append({k: s[k][crop] for k in ("ids", "taps", "topk_ids", "topk_logp") if k in s})
+        lo, hi = max(1, p - 1 - start), min(total - start, seq_len) - 2  # a >= 1 context row; a+1 in crop
+        anc.append(sorted(rng.randint(lo, max(lo, hi)) for _ in range(anchors)))
+    return assemble(crops, anc, seq_len, n, mask_id, q)
+
+
+def assemble(crops: list[dict], anchors: list[list[int]], seq_len: int, n: int, mask_id: int,
+             q: int | None = None) -> dict[str, torch.Tensor]:
+    """Training blocks at given anchors: blocks of `q` slots (default n + 1) at anchor positions
+    a of each sequence (its rows < a are the block's context), each with `n` draft targets
+    x_{a+1..a+n} and, when the crops carry the target's top-k, its distributions (row a + k of
+    the top-k is the target's distribution of x_{a+1+k}).
+
+    Args:
+        crops: per sequence {"ids": [T], "taps": [T, n_taps*H], optional "topk_ids"/"topk_logp"
+            [T, K]}, T <= seq_len (right-padded here).
+        anchors: per sequence, M anchor positions (1 <= a, a + 1 < T).
+    Returns tensors: taps [B, S, n_taps*H], ids [B, S] (-100 = padding), anchors [B, M], block_ids/pos [B, M*q],
+    targets/prev [B, M, n] (-100 = no loss), and topk_ids/topk_logp [B, M, n, K] when given.
+    """
+    q = n + 1 if q is None else q
+    taps, ids = [], []
+    for c in crops:
+        x, pad = c["ids"], seq_len - len(c["ids"])
+        ids.append(F.pad(x, (0, pad), value=-100))  # -100 marks padding for the targets below
+        taps.append(F.pad(c["taps"].float(), (0, 0, 0, pad)))
+    ids, anc = torch.stack(ids), torch.tensor(anchors)
+    offs = torch.arange(q)
+    pos = (anc[..., None] + offs).reshape(len(anc), -1)  # [B, M*q]
+    block_ids = torch.full_like(pos, mask_id)
+    block_ids.view(len(anc), anc.shape[1], q)[..., 0] = ids.gather(1, anc)
+    tgt_pos = anc[..., None] + 1 + torch.arange(n)  # [B, M, n]
+    in_range = tgt_pos < ids.shape[1]
+    tpos = tgt_pos.clamp(max=ids.shape[1] - 1)
+    targets = torch.where(in_range, ids.gather(1, tpos.flatten(1)).view_as(tpos), -100)
+    prev = ids.gather(1, (tpos - 1).flatten(1)).view_as(tpos).clamp(min=0)
+    out = {"taps": torch.stack(taps), "ids": ids, "anchors": anc, "block_ids": block_ids.clamp(min=0),
+           "pos": pos, "targets": targets, "prev": prev}
+    if all("topk_ids" in c for c in crops):
+        for key in ("topk_ids", "topk_logp"):
+            rows = torch.stack([F.pad(c[key], (0, 0, 0, seq_len - len(c[key]))) for c in crops])  # [B, S, K]
+            k = rows.shape[-1]
+            out[key] = rows.gather(1, (tpos - 1).flatten(1)[..., None].expand(-1, -1, k)).view(*tpos.shape, k)
+    return out
