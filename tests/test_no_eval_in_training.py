@@ -115,3 +115,39 @@ def test_the_humaneval_check_can_fail(humaneval):
     probs, grams = humaneval
     leaked = "Please help: " + probs[0]["prompt"]
     assert _word_grams(leaked) & grams
+
+
+def _draft_data_sets() -> dict[str, str]:
+    """{committed draft: the prompt set or file its training data was generated from}, for every
+    committed draft whose training record names it."""
+    out = {}
+    for rec in sorted((ASSETS / "drafts").glob("*/training.json")):
+        prompts = json.loads(rec.read_text()).get("data", {}).get("prompts")
+        if prompts is not None:
+            out[rec.parent.name] = prompts
+    return out
+
+
+def _is_training_set(prompts: str) -> bool:
+    name = Path(prompts).stem if prompts.endswith(".jsonl") else prompts
+    return assets.PROMPT_SETS.get(name, (None, None))[1] == "train"
+
+
+def test_committed_drafts_were_trained_on_training_sets_only():
+    found = _draft_data_sets()
+    assert found, "no committed draft records its data's prompt set"
+    bad = {d: p for d, p in found.items() if not _is_training_set(p)}
+    assert not bad, f"drafts trained on non-training prompt sets: {bad}"
+
+
+def test_the_draft_record_check_can_fail():
+    assert not _is_training_set("humaneval") and not _is_training_set("assets/prompts/code.jsonl")
+    assert _is_training_set("chat-train") and _is_training_set("assets/prompts/train.jsonl")
+
+
+def test_gen_data_refuses_an_evaluation_set():
+    from vllm_specx.training.data import read_prompts
+
+    with pytest.raises(ValueError, match="--prompts humaneval: an evaluation set"):
+        read_prompts("humaneval")
+    assert len(read_prompts("chat-train", limit=3)) == 3

@@ -89,3 +89,14 @@ def test_the_cache_location_is_documented_and_overridable(tmp_path, monkeypatch)
     monkeypatch.delenv(targets.CACHE_ENV)
     assert ".cache/vllm-specx/targets" in targets.default_dir("smollm2").as_posix()
     assert "VLLM_SPECX_CACHE" in targets.__doc__
+
+
+def test_check_takes_a_registered_target_name(monkeypatch):
+    """`vllm-specx check DRAFT --target NAME` resolves NAME like bench and train do."""
+    from vllm_specx import cli
+
+    from .helpers import ASSETS, REF_TARGET
+
+    monkeypatch.setitem(targets.TARGETS, "fake-ref", targets.TARGETS[next(iter(targets.TARGETS))])
+    monkeypatch.setattr(targets, "resolve", lambda name: REF_TARGET if name == "fake-ref" else None)
+    assert cli.check(str(ASSETS / "drafts" / "ref-dspark"), "fake-ref", 7).startswith("ok: method dspark")

@@ -140,3 +140,23 @@ def test_a_distribution_loss_on_token_only_data_is_refused(tmp_path):
     (data / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(SystemExit, match="--loss chain-tv needs the target's distribution"):
         trainer.train(trainer.parse_args(_train_argv("eagle3", data, tmp_path / "o", "--loss", "chain-tv")))
+
+
+@torch.no_grad()
+def test_dspark_own_chain_tokens_are_the_teacher_forced_chain_on_its_own_drafts():
+    """`--chain-tokens draft` feeds the Markov head its own greedy drafts; on a block whose
+    continuation is those drafts it equals the teacher-forced (`target`) forward."""
+    from vllm_specx.training.blocks import assemble
+
+    draft = tiny()
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(5, 50, (30,), generator=g)
+    crops = [{"ids": ids, "taps": torch.randn(30, 32, generator=g)}]
+    n = draft.cfg.max_drafts
+    b = assemble(crops, [[9]], 30, n, draft.cfg.mask_token_id, q=draft.cfg.block_size)
+    own = dspark_train.forward(draft, {**b, "chain_tokens": "draft"}).logits[0, 0]
+    forced_ids = ids.clone()
+    forced_ids[10:10 + n - 1] = own[:-1].argmax(-1)
+    fb = assemble([{**crops[0], "ids": forced_ids}], [[9]], 30, n, draft.cfg.mask_token_id, q=draft.cfg.block_size)
+    torch.testing.assert_close(dspark_train.forward(draft, fb).logits[0, 0], own)
+    assert not torch.allclose(dspark_train.forward(draft, b).logits[0, 0], own)  # negative control

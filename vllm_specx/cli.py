@@ -48,7 +48,10 @@ def check(draft: str, target: str, n: int | None) -> str:
     """Validate a draft checkpoint of any registered method against a target's config."""
     from transformers import AutoConfig
 
+    from vllm_specx.targets import TARGETS, resolve
+
     method, cfg = registry.read_checkpoint(draft)
+    target = str(resolve(target)) if target in TARGETS else target  # a registered name, or a dir / HF id
     dims = registry.target_dims(AutoConfig.from_pretrained(target).get_text_config())
     registry.check_draft(method, cfg, draft, dims, n)
     return f"ok: method {method.name}: {cfg.summary()}"
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("methods", help="list the registered speculative methods")
     c = sub.add_parser("check", help="validate a draft checkpoint against a target")
     c.add_argument("draft")
-    c.add_argument("--target", required=True)
+    c.add_argument("--target", required=True, help="a registered target name (e.g. smollm2) or a model directory")
     c.add_argument("-n", "--num-speculative-tokens", type=int)
     sub.add_parser("gen-data", help="on-policy training data from the target (see --help of it)")
     sub.add_parser("train", help="train a draft head (vllm-specx train --method M --help)")

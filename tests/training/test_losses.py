@@ -240,3 +240,15 @@ def test_chain_tv_is_the_expected_accepted_prefix_on_exhaustive_cases():
         loss = chain_tv(out, torch.ones(k)).item()
         assert abs(k * (1 - loss) - expected) < 1e-12, (k, k * (1 - loss), expected)
         assert abs(analytic_tau(acceptance_rate(out))[0].item() - (1 + expected)) < 1e-12
+
+
+def test_trainer_ce_weight_mixes_cross_entropy_in():
+    from vllm_specx.training.losses import chain_tv
+    from vllm_specx.training.trainer import loss_and_accuracy
+
+    out = _dist_output()
+    w = position_weights(3, 4.0).double()
+    mixed, _ = loss_and_accuracy(out, "chain-tv", 4.0, ce_weight=0.1)
+    torch.testing.assert_close(mixed, 0.9 * chain_tv(out, w) + 0.1 * cross_entropy(out, w))
+    plain, _ = loss_and_accuracy(out, "chain-tv", 4.0)
+    torch.testing.assert_close(plain, chain_tv(out, w))

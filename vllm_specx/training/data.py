@@ -8,7 +8,9 @@ Writes, resumably (rerun the same command to continue after an interruption):
   <out>/taps/<first-id>.safetensors   per sample "ids_<id>" [T] int64 and "taps_<id>" [T, n*H] fp16,
                                  and with --topk K: "topk_ids_<id>" [T, K] int32 and
                                  "topk_logp_<id>" [T, K] float32
-  <out>/meta.json                target, taps, temperature, max_tokens, ... (checked on resume)
+  <out>/meta.json                target, prompts, taps, temperature, max_tokens, ... (checked on resume)
+  <out>/commands.txt             every gen-data command run on this folder, one per line (the
+                                 trainer copies them into its training.json)
 
 Top-k (`--topk K`): row t holds the K most likely next tokens (the token at t + 1) of the target
 at temperature 1 given ids[:t + 1], most likely first, with their log-probabilities under the
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +45,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 TAPS_FIELDS = ("taps", "topk", "taps_dtype")  # the taps pass's part of meta.json
+PROMPT_FIELDS = ("prompts", "limit", "spread")
+COMMANDS_FILE = "commands.txt"  # which prompts (tests check drafts never saw an eval set)
 
 
 def _check_meta(out: Path, meta: dict) -> None:
@@ -49,10 +55,12 @@ def _check_meta(out: Path, meta: dict) -> None:
     file = out / "meta.json"
     if file.exists():
         old = json.loads(file.read_text())
+        # Data made before the prompts were recorded gets them added; otherwise they must match.
+        meta_cmp = {k: v for k, v in meta.items() if k in old or k not in PROMPT_FIELDS}
         gen = lambda m: {k: v for k, v in m.items() if k not in TAPS_FIELDS}  # noqa: E731
         taps = lambda m: {k: v for k, v in m.items() if k in TAPS_FIELDS and v}  # noqa: E731
         stored = any((out / "taps").glob("*.safetensors")) if (out / "taps").is_dir() else False
-        if gen(old) != gen(meta) or (stored and taps(old) != taps(meta)):
+        if gen(old) != gen(meta_cmp) or (stored and taps(old) != taps(meta)):
             raise ValueError(f"{file}: existing data was made with {old}, not {meta}; use a new --out")
         if old == meta:
             return
@@ -214,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.spread is not None and args.spread < len(prompts):
         prompts = [prompts[i * len(prompts) // args.spread] for i in range(args.spread)]
     meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
-            "temperature": args.temperature}
+            "temperature": args.temperature, "prompts": args.prompts}
+    meta.update({k: getattr(args, k) for k in ("limit", "spread") if getattr(args, k) is not None})
     # Recorded only when set, so data made before these flags still resumes.
     if args.stop_at_eos:
         meta["stop_at_eos"] = True
@@ -223,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.dtype != "float32":
         meta["taps_dtype"] = args.dtype
     _check_meta(out, meta)
+    with open(out / COMMANDS_FILE, "a") as f:
+        f.write(" ".join(["vllm-specx gen-data", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]) + "\n")
     if not args.taps_only:
         generate_tokens(target, prompts, out, args.max_tokens, args.temperature,
                         ignore_eos=not args.stop_at_eos)

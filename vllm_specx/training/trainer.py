@@ -56,14 +56,22 @@ def hooks(method_name: str):
     return importlib.import_module(registry.trainers()[method_name])
 
 
-def loss_and_accuracy(out, loss: str, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the `loss` of a forward's output with exp(-k / gamma) position weights, per-position accuracy)."""
-    from vllm_specx.training.losses import per_position_accuracy
+def loss_and_accuracy(out, loss: str, gamma: float, ce_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the `loss` of a forward's output with exp(-k / gamma) position weights, mixed with
+    cross-entropy as (1 - ce_weight) * loss + ce_weight * CE when ce_weight > 0; per-position accuracy).
+
+    Why the mix: TV-type losses have almost no gradient where the draft puts ~no mass on the
+    target's top-k (a fresh head), so a small CE term gets them started (seed recipe: 0.1)."""
+    from vllm_specx.training.losses import cross_entropy, per_position_accuracy
 
     n = out.targets.shape[-1]
     with torch.no_grad():
         acc = per_position_accuracy(out)
-    return LOSSES[loss](out, position_weights(n, gamma).to(out.logits.device)), acc
+    w = position_weights(n, gamma).to(out.logits.device)
+    value = LOSSES[loss](out, w)
+    if ce_weight:
+        value = (1 - ce_weight) * value + ce_weight * cross_entropy(out, w)
+    return value, acc
 
 
 def validation_stats(out) -> dict[str, torch.Tensor]:
@@ -105,6 +113,8 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--loss", default="ce", choices=sorted(LOSSES))
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--gamma", type=float, default=4.0, help="position weight exp(-k / gamma)")
+    ap.add_argument("--ce-weight", type=float, default=0.0,
+                    help="mix in cross-entropy: (1 - w) * loss + w * CE (TV-type losses from scratch need it)")
     ap.add_argument("--val-samples", type=int, default=32)
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=200, help=f"steps between {STATE_FILE} writes")
@@ -165,6 +175,8 @@ def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     meta = json.loads((Path(args.data) / "meta.json").read_text())
+    if not 0 <= args.ce_weight <= 1:
+        raise SystemExit(f"--ce-weight {args.ce_weight}: must be in [0, 1]")
     if args.loss in NEEDS_TARGET_DISTRIBUTION and not meta.get("topk"):
         raise SystemExit(f"--loss {args.loss} needs the target's distribution: {args.data} has no "
                          "top-k (make it with `vllm-specx gen-data ... --topk 32`)")
@@ -212,7 +224,7 @@ def train(args: argparse.Namespace) -> dict:
         with torch.no_grad(), autocast:
             for vb in val_batches:
                 vout = h.forward(model, _to(vb, device))
-                vloss += loss_and_accuracy(vout, args.loss, args.gamma)[0].item() / len(val_batches)
+                vloss += loss_and_accuracy(vout, args.loss, args.gamma, args.ce_weight)[0].item() / len(val_batches)
                 for k, v in validation_stats(vout).items():
                     total[k] = total.get(k, 0) + v.float().cpu()
         log.append({"step": step, "train_loss": train_loss, "val_loss": round(vloss, 4),
@@ -225,7 +237,7 @@ def train(args: argparse.Namespace) -> dict:
     for step in (bar := tqdm(range(start, args.steps), desc=f"train {args.method}", initial=start, total=args.steps)):
         with autocast:
             out = h.forward(model, _to(h.batch(model, train_set, rng, args.batch, args), device))
-            loss, _ = loss_and_accuracy(out, args.loss, args.gamma)
+            loss, _ = loss_and_accuracy(out, args.loss, args.gamma, args.ce_weight)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -236,7 +248,9 @@ def train(args: argparse.Namespace) -> dict:
             validate(step + 1, round(loss.item(), 4))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_state(step + 1)
+    cmds = Path(args.data) / "commands.txt"  # training.data.COMMANDS_FILE
     record = {"command": "vllm-specx train " + command_flags(args), "args": vars(args), "data": meta,
+              "data_commands": cmds.read_text().splitlines() if cmds.is_file() else None,
               "train_samples": len(train_set), "val_samples": len(val),
               "wall_s": round(wall + time.time() - t0, 1), "log": log}
     h.save(model, args.out, getattr(torch, args.save_dtype))
