@@ -164,7 +164,7 @@ def _to(batch: dict, device) -> dict:
 
 def train(args: argparse.Namespace) -> dict:
     """Train and save; returns the training record (also written to <out>/training.json)."""
-    from vllm_specx.training.data import load_samples
+    from vllm_specx.training.data import COMMANDS_FILE, load_samples
     from vllm_specx.training.taps import embed_and_head, load_target
 
     h = hooks(args.method)
@@ -248,7 +248,7 @@ def train(args: argparse.Namespace) -> dict:
             validate(step + 1, round(loss.item(), 4))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_state(step + 1)
-    cmds = Path(args.data) / "commands.txt"  # training.data.COMMANDS_FILE
+    cmds = Path(args.data) / COMMANDS_FILE
     record = {"command": "vllm-specx train " + command_flags(args), "args": vars(args), "data": meta,
               "data_commands": cmds.read_text().splitlines() if cmds.is_file() else None,
               "train_samples": len(train_set), "val_samples": len(val),
