@@ -109,7 +109,7 @@ def test_every_method_trains_resumes_and_reruns_from_its_record(tmp_path, method
 
     def dies_at_step_7(model, b):
         calls["n"] += 1
-        if calls["n"] == 1 + 6 + 1 + 1:  # step-0 validation, 6 steps, step-6 validation, then step 7
+        if calls["n"] == 2 + 6 + 2 + 1:  # step-0 validation (2 batches), 6 steps, step-6 validation, step 7
             raise KeyboardInterrupt
         return orig(model, b)
 
@@ -119,6 +119,9 @@ def test_every_method_trains_resumes_and_reruns_from_its_record(tmp_path, method
             trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "cut", *extra)))
     finally:
         hooks.forward = orig
+    assert torch.load(tmp_path / "cut" / trainer.STATE_FILE, weights_only=False)["step"] == 6  # what resume starts from
+    with pytest.raises(SystemExit, match="--loss ce differs from the interrupted run's tv"):
+        trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "cut", *extra, "--resume", "--loss", "ce")))
     resumed = trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "cut", *extra, "--resume")))
     assert [r["val_loss"] for r in resumed["log"]] == [r["val_loss"] for r in full["log"]]
     a = torch.load(tmp_path / "full" / trainer.STATE_FILE, weights_only=False)["model"]

@@ -45,13 +45,17 @@ class Provider:
     label: str
     method: str | None
     model: str | None = None
+    draft_sample_method: str = "greedy"  # vLLM's field: "probabilistic" samples drafts from q
 
     def spec(self, k: int) -> dict | None:
         if self.method is None:
             return None
         if self.method == "ngram":
             return {"method": "ngram", "num_speculative_tokens": k, **NGRAM}
-        return {"method": self.method, "model": self.model, "num_speculative_tokens": k}
+        spec = {"method": self.method, "model": self.model, "num_speculative_tokens": k}
+        if self.draft_sample_method != "greedy":
+            spec["draft_sample_method"] = self.draft_sample_method
+        return spec
 
 
 def parse_provider(text: str) -> Provider:
@@ -65,6 +69,12 @@ def parse_provider(text: str) -> Provider:
         return Provider(label, label, path)
     method, _ = registry.read_checkpoint(path)  # raises naming the file when it is not a draft
     return Provider(label or f"specx-{method.name}", method.name, path)
+
+
+def with_draft_sample_method(providers: list[Provider], method: str) -> list[Provider]:
+    """Every draft-model provider drafting with `method` (vLLM's `draft_sample_method`); no-spec and
+    n-gram (no draft distribution) unchanged."""
+    return [dataclasses.replace(p, draft_sample_method=method) if p.model else p for p in providers]
 
 
 def check_providers(providers: list[Provider], target_config, ks: list[int]) -> None:
@@ -301,6 +311,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--sweep-batch-sizes", default=None, help="batch sizes the sweep runs at (default: all)")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--draft-sample-method", choices=("greedy", "probabilistic"), default="greedy",
+                    help="vLLM's draft_sample_method for every draft-model provider: greedy drafts (argmax, "
+                         "verified as one-hot) or drafts sampled from the draft's distribution q, which the "
+                         "sampler then verifies against p (what TV-type losses train for; T > 0 only). "
+                         "n-gram has no distribution and is unchanged")
     eos = ap.add_mutually_exclusive_group()
     eos.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
                      help="always generate --max-tokens (default for raw prompt sets)")
@@ -338,6 +353,7 @@ def main(argv: list[str]) -> Path:
     providers = [parse_provider(m) for m in (args.methods or ["no-spec", "ngram"]) + args.draft]
     if len({p.label for p in providers}) != len(providers):
         raise ValueError(f"two providers share a label: {[p.label for p in providers]} (use LABEL=DIR)")
+    providers = with_draft_sample_method(providers, args.draft_sample_method)
     if not any(p.method is None for p in providers):
         providers.insert(0, Provider("no-spec", None))  # every speed-up is against no-spec
     target = assets.path("ref-target") if args.target == "ref" else targets.resolve(args.target)
@@ -373,6 +389,7 @@ def main(argv: list[str]) -> Path:
                            "max_tokens": args.max_tokens, "ignore_eos": ignore_eos, "k": args.k,
                            "sweep": sweep, "batch_sizes": batch_sizes, "sweep_batch_sizes": sweep_b,
                            "temperatures": temps, "max_model_len": max_len, "ngram": NGRAM,
+                           "draft_sample_method": args.draft_sample_method,
                            "engine": "vllm_specx.engine.CPU_ENGINE_ARGS + max_num_seqs = batch size"},
               "providers": [dataclasses.asdict(p) for p in providers],
               "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}

@@ -84,6 +84,11 @@ def write_config_json(path: str | Path, config: dict[str, Any]) -> None:
     (Path(path) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """config.json's `torch_dtype` spelling of a torch dtype: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
 # vLLM and speculators name a target tap by its "aux hidden state" id: id k is the residual stream
 # after k decoder layers, i.e. the output of 0-based layer k - 1. vllm-specx configs store 0-based
 # layer ids; these two functions are the only place the +1 lives.

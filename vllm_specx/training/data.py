@@ -155,15 +155,14 @@ class SampleStore(Sequence):
     view (the trainer's train/validation split).
     """
 
-    def __init__(self, out: Path, index: list[tuple[Path, int]] | None = None):
+    def __init__(self, out: Path):
         self.out = Path(out)
         self.prompt_len = {r["id"]: len(r["prompt_ids"]) for r in _read_jsonl(self.out / "tokens.jsonl")}
-        if index is None:
-            index = []
-            for file in sorted((self.out / "taps").glob("*.safetensors")):
-                with safe_open(str(file), framework="pt") as f:
-                    index += [(file, int(key[4:])) for key in f.keys() if key.startswith("ids_")]
-        self.index = index
+        self.index = []  # (shard, sample id, whether the shard stores the sample's top-k)
+        for file in sorted((self.out / "taps").glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                keys = set(f.keys())
+            self.index += [(file, int(k[4:]), f"topk_ids_{k[4:]}" in keys) for k in sorted(keys) if k.startswith("ids_")]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -171,12 +170,11 @@ class SampleStore(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        file, sid = self.index[i]
+        file, sid, has_topk = self.index[i]
         with safe_open(str(file), framework="pt") as f:
-            keys = set(f.keys())
             s = {"ids": f.get_tensor(f"ids_{sid}"), "taps": f.get_tensor(f"taps_{sid}"),
                  "prompt_len": self.prompt_len[sid]}
-            if f"topk_ids_{sid}" in keys:
+            if has_topk:
                 s["topk_ids"] = f.get_tensor(f"topk_ids_{sid}").long()
                 s["topk_logp"] = f.get_tensor(f"topk_logp_{sid}")
         return s

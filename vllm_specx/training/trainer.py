@@ -202,6 +202,12 @@ def train(args: argparse.Namespace) -> dict:
     start, log, wall = 0, [], 0.0
     if args.resume and (out_dir / STATE_FILE).is_file():
         st = torch.load(out_dir / STATE_FILE, map_location=device, weights_only=False)
+        changed = {k: (v, getattr(args, k, None)) for k, v in st.get("args", {}).items()
+                   if getattr(args, k, None) != v}
+        if changed:  # a resumed run is the interrupted run: another loss, schedule or data is a new run
+            raise SystemExit(f"--resume {out_dir / STATE_FILE}: " + ", ".join(
+                f"--{k.replace('_', '-')} {new} differs from the interrupted run's {old}" for k, (old, new) in changed.items())
+                + "; start a new --out, or resume with the same arguments")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
@@ -216,7 +222,7 @@ def train(args: argparse.Namespace) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                     "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "step": step, "log": log,
-                    "wall_s": wall + time.time() - t0}, out_dir / (STATE_FILE + ".tmp"))
+                    "wall_s": wall + time.time() - t0, "args": _run_args(args)}, out_dir / (STATE_FILE + ".tmp"))
         (out_dir / (STATE_FILE + ".tmp")).replace(out_dir / STATE_FILE)
 
     def validate(step, train_loss):
@@ -257,6 +263,14 @@ def train(args: argparse.Namespace) -> dict:
     (out_dir / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {args.out}")
     return record
+
+
+RESUME_MAY_CHANGE = ("out", "resume", "config", "threads", "device", "val_every", "save_every")
+
+
+def _run_args(args: argparse.Namespace) -> dict:
+    """The arguments a `--resume` must repeat: all but where it runs and how often it reports."""
+    return {k: v for k, v in vars(args).items() if k not in RESUME_MAY_CHANGE}
 
 
 def command_flags(args: argparse.Namespace) -> str:

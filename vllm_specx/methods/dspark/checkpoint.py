@@ -30,6 +30,7 @@ from typing import Any
 
 from vllm_specx.checkpoint import (
     check_tensors,
+    dtype_name,
     from_aux_ids,
     load_tensors,
     read_config_json,
@@ -193,7 +194,7 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
     (float32, or `dtype`, e.g. bfloat16 to halve the file; vLLM casts to the engine's dtype)."""
     c = draft.cfg
     config = {
-        "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": str(dtype).removeprefix("torch."),
+        "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": dtype_name(dtype),
         "specx": {
             "method": METHOD_NAME, "format_version": FORMAT_VERSION,
             "target_layer_ids": list(c.target_layer_ids),

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from vllm_specx.checkpoint import load_tensors, read_config_json, save_tensors, write_config_json
+from vllm_specx.checkpoint import dtype_name, load_tensors, read_config_json, save_tensors, write_config_json
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
 
 def save(draft, out: str | Path, dtype: torch.dtype = torch.float32) -> None:
-    write_config_json(out, {**draft.cfg.vllm_config_json(), "torch_dtype": str(dtype).removeprefix("torch.")})
+    write_config_json(out, {**draft.cfg.vllm_config_json(), "torch_dtype": dtype_name(dtype)})
     save_tensors(out, {k: v.to(dtype) for k, v in draft.vllm_state_dict().items()})
 
 

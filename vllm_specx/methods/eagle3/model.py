@@ -131,6 +131,7 @@ class Eagle3Draft(nn.Module):
         rep = c.num_attention_heads // c.num_key_value_heads
         kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
         own_k, own_v = [], []
+        scale = 1 / math.sqrt(c.head_dim)
         for j in range(1, n):
             if chain_tokens == "draft":
                 tok = logits[-1].detach().argmax(-1)
@@ -139,7 +140,6 @@ class Eagle3Draft(nn.Module):
             q, k, v = self._qkv(tok, g, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
             own_k.append(k.repeat_interleave(rep, -2))
             own_v.append(v.repeat_interleave(rep, -2))
-            scale = 1 / math.sqrt(c.head_dim)
             sc = torch.einsum("bmhd,bshd->bmhs", q, kc) * scale
             sc = sc.masked_fill(~ctx_mask[:, :, None, :], float("-inf"))
             ko, vo = torch.stack(own_k, 2), torch.stack(own_v, 2)  # [B, M, j, h, hd]
