@@ -209,3 +209,72 @@ def record_proposals(worker, limit: int = 8) -> None:
 
 def read_proposals(worker) -> list:
     return list(getattr(worker.model_runner.drafter, "_specx_proposals", []))
+
+
+def random_mtp(target, kv_share: bool, seed=0, max_drafts=7):
+    """A random-init MTP layer for the reference target (norm weights away from 1, so a norm
+    applied in the wrong place shows)."""
+    from vllm_specx.methods.mtp.config import MTPDraftConfig
+    from vllm_specx.methods.mtp.model import MTPDraft
+
+    cfg = MTPDraftConfig.for_target(target.config.to_dict(), kv_share=kv_share, max_drafts=max_drafts)
+    torch.manual_seed(seed)
+    draft = MTPDraft(cfg, *embed_and_head(target))
+    for p in draft.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.05)
+        else:
+            torch.nn.init.normal_(p, mean=1.0, std=0.3)
+    return draft
+
+
+@torch.no_grad()
+def target_final_hidden(target, prefix: list[int]) -> torch.Tensor:
+    """H_t [T, H]: the target's final (post-norm) hidden states, what vLLM hands an MTP drafter."""
+    return target.model(input_ids=torch.tensor([prefix])).last_hidden_state[0].float()
+
+
+def record_mtp_steps(worker, limit: int = 6) -> None:
+    """Record the first `limit` MTPProposer passes: per pass the next (anchor) token ids and, per
+    draft step, the step's logits [batch, V] and drafts."""
+    d = worker.model_runner.drafter
+    d._specx_steps = []
+    if not hasattr(d, "_specx_orig_mtp"):
+        d._specx_orig_mtp = (d.propose, d._sample_draft_tokens)
+    orig_propose, orig_sample = d._specx_orig_mtp
+
+    def propose(*args, **kwargs):
+        if len(d._specx_steps) < limit:
+            d._specx_steps.append({"anchors": kwargs["next_token_ids"].tolist(), "logits": [], "drafts": []})
+        return orig_propose(*args, **kwargs)
+
+    def _sample_draft_tokens(hidden_states, sampling_metadata):
+        ids, probs = orig_sample(hidden_states, sampling_metadata)
+        if d._specx_steps and len(d._specx_steps) <= limit:
+            rec = d._specx_steps[-1]
+            if len(rec["drafts"]) < d.num_speculative_tokens:
+                rec["logits"].append(d.model.compute_logits(hidden_states).float().tolist())
+                rec["drafts"].append(ids.tolist())
+        return ids, probs
+
+    d.propose, d._sample_draft_tokens = propose, _sample_draft_tokens
+
+
+def read_mtp_steps(worker) -> list:
+    return list(getattr(worker.model_runner.drafter, "_specx_steps", []))
+
+
+def write_random_mtp_for(target_config: dict, path, kv_share: bool = True, seed: int = 0) -> str:
+    """A random MTP checkpoint for any target config (no target weights needed: the layer's
+    tensors only; embeddings and LM head are the target's at serving time)."""
+    from vllm_specx.checkpoint import save_tensors, write_config_json
+    from vllm_specx.methods.mtp.checkpoint import config_json
+    from vllm_specx.methods.mtp.config import MTPDraftConfig
+
+    cfg = MTPDraftConfig.for_target(target_config, kv_share=kv_share)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: (torch.randn(*shape, generator=g) * 0.05 if len(shape) > 1 else 1 + 0.3 * torch.randn(*shape, generator=g))
+               for k, shape in cfg.expected_tensors().items()}
+    write_config_json(path, config_json(cfg))
+    save_tensors(path, tensors)
+    return str(path)

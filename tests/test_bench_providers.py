@@ -14,3 +14,26 @@ def test_draft_sample_method_reaches_draft_providers_only():
     assert sampled[0] is None and "draft_sample_method" not in sampled[1]  # n-gram has no distribution
     assert [s["draft_sample_method"] for s in sampled[2:]] == ["probabilistic", "probabilistic"]
     assert [s["method"] for s in sampled[1:]] == ["ngram", "eagle3", "dspark"]
+
+
+def test_a_provider_can_choose_its_own_draft_sample_method():
+    import pytest
+
+    d = ASSETS / "drafts" / "ref-dspark"
+    texts = [f"a={d}@probabilistic", f"b={d}", f"c={d}@greedy"]
+    providers = [bench.parse_provider(t) for t in texts]
+    assert [p.draft_sample_method for p in providers] == ["probabilistic", "greedy", "greedy"]
+    assert providers[0].spec(7)["draft_sample_method"] == "probabilistic" and providers[0].model == str(d)
+    # a global --draft-sample-method leaves the providers that chose their own alone
+    out = bench.with_draft_sample_method(providers, "probabilistic", keep={"a", "c"})
+    assert [p.draft_sample_method for p in out] == ["probabilistic", "probabilistic", "greedy"]
+    with pytest.raises(ValueError, match="@sampled"):
+        bench.parse_provider(f"x={d}@sampled")
+
+
+def test_builtin_eagle3_providers_may_carry_a_label():
+    e = ASSETS / "drafts" / "ref-eagle3"
+    p = bench.parse_provider(f"eagle3-prob={e}@probabilistic")
+    assert (p.label, p.method, p.draft_sample_method) == ("eagle3-prob", "eagle3", "probabilistic")
+    d = bench.parse_provider(f"eagle3-like={ASSETS / 'drafts' / 'ref-dspark'}")  # a draft of ours stays ours
+    assert d.method == "dspark"

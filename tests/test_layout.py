@@ -23,8 +23,24 @@ def _names_of(method: registry.Method) -> list[str]:
     return [method.name, *method.archs]
 
 
+def _code(text: str) -> str:
+    """The source without docstrings and comments: prose may name a concept (an "MTP layer"),
+    code must not route by a method's name."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body[0] = ast.Pass()
+    return ast.unparse(tree)
+
+
 def _mentions(text: str, words: list[str]) -> list[str]:
-    return [w for w in words if re.search(re.escape(w), text, re.IGNORECASE)]
+    """The words that occur in the code as whole identifiers or words (case-sensitive: a method's
+    name is spelled as users type it, e.g. "mtp" in `index_share_for_mtp_iteration` is vLLM's
+    field, not our method)."""
+    code = _code(text)
+    return [w for w in words if re.search(rf"(?<![\w]){re.escape(w)}(?![\w])", code)]
 
 
 def _method_folder(method: registry.Method) -> Path:

@@ -60,16 +60,16 @@ def test_trainer_learns_a_deterministic_continuation():
 # ---- the trainer, for every trainable method and baseline ----------------------------------------
 
 def _data(tmp_path, n=24, topk=8):
-    """A small data folder on the reference target: varied token rows, taps (1, 4, 6) and top-k."""
+    """A small data folder on the reference target: varied token rows, taps (1, 4, 7) and top-k."""
     g = torch.Generator().manual_seed(0)
     rows = [{"id": i, "prompt_ids": torch.randint(5, 4000, (6,), generator=g).tolist(),
              "output_ids": torch.randint(5, 4000, (40,), generator=g).tolist()} for i in range(n)]
     out = tmp_path / "data"
     out.mkdir()
     (out / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [1, 4, 6],
+    (out / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [1, 4, 7],
                                                "max_tokens": 40, "temperature": 0.0, "topk": topk}))
-    write_taps(str(REF_TARGET), out, (1, 4, 6), shard=8, topk=topk)
+    write_taps(str(REF_TARGET), out, (1, 4, 7), shard=8, topk=topk)
     return out
 
 

@@ -32,6 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from vllm_specx import assets, registry, targets
+from vllm_specx.checkpoint import read_config_json
 from vllm_specx.eval import generate_measured
 
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -58,23 +59,45 @@ class Provider:
         return spec
 
 
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+def split_sample_method(text: str) -> tuple[str, str | None]:
+    """`SPEC@greedy` / `SPEC@probabilistic` -> (SPEC, the draft_sample_method); no suffix -> None."""
+    head, at, tail = text.rpartition("@")
+    if not at:
+        return text, None
+    if tail not in DRAFT_SAMPLE_METHODS:
+        raise ValueError(f"--method {text}: '@{tail}' is not a draft_sample_method "
+                         f"(use @greedy or @probabilistic)")
+    return head, tail
+
+
 def parse_provider(text: str) -> Provider:
-    """`no-spec`, `ngram`, `eagle3=DIR`, `DIR` or `LABEL=DIR` (a vllm-specx draft)."""
+    """`no-spec`, `ngram`, `eagle3=DIR` (or `eagle3-LABEL=DIR`: vLLM's built-in EAGLE-3), `DIR` or
+    `LABEL=DIR` (a vllm-specx draft); a draft-model provider may end in `@probabilistic` or
+    `@greedy` (its draft_sample_method)."""
     if text in ("no-spec", "ngram"):
         return Provider(text, None if text == "no-spec" else "ngram")
-    label, _, path = text.rpartition("=")
-    if label in VLLM_DRAFTERS:
+    spec, sample = split_sample_method(text)
+    label, _, path = spec.rpartition("=")
+    extra = {"draft_sample_method": sample} if sample else {}
+    builtin = label.partition("-")[0]  # `eagle3=DIR` or `eagle3-LABEL=DIR`: vLLM's own method
+    if builtin in VLLM_DRAFTERS:
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"--method {text}: {path} has no config.json")
-        return Provider(label, label, path)
+        if registry.detect(read_config_json(path)) is None:
+            return Provider(label, builtin, path, **extra)
     method, _ = registry.read_checkpoint(path)  # raises naming the file when it is not a draft
-    return Provider(label or f"specx-{method.name}", method.name, path)
+    return Provider(label or f"specx-{method.name}", method.name, path, **extra)
 
 
-def with_draft_sample_method(providers: list[Provider], method: str) -> list[Provider]:
-    """Every draft-model provider drafting with `method` (vLLM's `draft_sample_method`); no-spec and
-    n-gram (no draft distribution) unchanged."""
-    return [dataclasses.replace(p, draft_sample_method=method) if p.model else p for p in providers]
+def with_draft_sample_method(providers: list[Provider], method: str, keep: set[str] = frozenset()) -> list[Provider]:
+    """Every draft-model provider drafting with `method` (vLLM's `draft_sample_method`) except
+    the labels in `keep` (those that chose their own with `@...`); no-spec and n-gram (no draft
+    distribution) unchanged."""
+    return [dataclasses.replace(p, draft_sample_method=method) if p.model and p.label not in keep else p
+            for p in providers]
 
 
 def check_providers(providers: list[Provider], target_config, ks: list[int]) -> None:
@@ -231,12 +254,20 @@ def plots(rows: list[dict], out: Path, k: int, title: str, device: str) -> list[
     def pick(lab, **want):
         return [r for r in spec if r["provider"] == lab and all(r[f] == v for f, v in want.items())]
 
+    many = len(labels) > 6  # then one legend beside the panels, and 20 distinct colours
+    colours = plt.get_cmap("tab20" if len(labels) > 10 else "tab10").colors
+
     def figure(name, panels, draw, suptitle):
         """One PNG: a panel per entry of `panels`, `draw(ax, panel)` fills it."""
-        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + (2.5 if many else 0), 4),
+                                 squeeze=False)
         for ax, panel in zip(axes[0], panels):
+            ax.set_prop_cycle(color=colours)
             draw(ax, panel)
-            ax.legend(fontsize="small")
+            if not many:
+                ax.legend(fontsize="small")
+        if many and axes[0][-1].get_legend_handles_labels()[0]:
+            axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
         fig.suptitle(f"{title}: {suptitle}")
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=120)
@@ -304,7 +335,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--method", dest="methods", action="append", default=None,
                     help="a provider, repeatable: no-spec, ngram, eagle3=DIR, DIR or LABEL=DIR "
-                         "(a vllm-specx draft). Default: no-spec and ngram, plus every --draft")
+                         "(a vllm-specx draft), a draft-model provider optionally ending in "
+                         "@probabilistic or @greedy (its own draft_sample_method). Default: no-spec "
+                         "and ngram, plus every --draft")
     ap.add_argument("--draft", action="append", default=[], help="shorthand for --method DIR")
     ap.add_argument("-k", "--k", type=int, default=7, help="num_speculative_tokens of the main runs")
     ap.add_argument("--sweep", default="3,5,9", help="further K values (at T=0), comma-separated; '' for none")
@@ -312,7 +345,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep-batch-sizes", default=None, help="batch sizes the sweep runs at (default: all)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--draft-sample-method", choices=("greedy", "probabilistic"), default="greedy",
-                    help="vLLM's draft_sample_method for every draft-model provider: greedy drafts (argmax, "
+                    help="vLLM's draft_sample_method for every draft-model provider without an @...: greedy drafts (argmax, "
                          "verified as one-hot) or drafts sampled from the draft's distribution q, which the "
                          "sampler then verifies against p (what TV-type losses train for; T > 0 only). "
                          "n-gram has no distribution and is unchanged")
@@ -350,10 +383,12 @@ def main(argv: list[str]) -> Path:
         raise ValueError("--k and --sweep values must be at least 1")
     if any(t < 0 for t in temps):
         raise ValueError(f"--temperatures must be >= 0, got {args.temperatures!r}")
-    providers = [parse_provider(m) for m in (args.methods or ["no-spec", "ngram"]) + args.draft]
+    texts = (args.methods or ["no-spec", "ngram"]) + args.draft
+    providers = [parse_provider(m) for m in texts]
     if len({p.label for p in providers}) != len(providers):
         raise ValueError(f"two providers share a label: {[p.label for p in providers]} (use LABEL=DIR)")
-    providers = with_draft_sample_method(providers, args.draft_sample_method)
+    own = {p.label for p, t in zip(providers, texts) if split_sample_method(t)[1]}
+    providers = with_draft_sample_method(providers, args.draft_sample_method, own)
     if not any(p.method is None for p in providers):
         providers.insert(0, Provider("no-spec", None))  # every speed-up is against no-spec
     target = assets.path("ref-target") if args.target == "ref" else targets.resolve(args.target)

@@ -100,3 +100,20 @@ def to_aux_ids(layer_ids) -> list[int]:
 def from_aux_ids(aux_ids) -> list[int]:
     """vLLM / speculators aux-hidden-state ids -> 0-based target layers."""
     return [int(i) - 1 for i in aux_ids]
+
+
+def specx_block(raw: dict[str, Any], method: str, format_version: int, where: str, kind: str,
+                or_else: str = "") -> dict[str, Any]:
+    """The `specx` block of a vllm-specx checkpoint's config.json, checked: it names `method` and
+    carries the `format_version` this reader knows; ValueError naming `where` and the field
+    (`or_else`: the other format the reader accepts, for the message)."""
+    specx = raw.get("specx")
+    if not isinstance(specx, dict) or specx.get("method") != method:
+        raise ValueError(f"{where}: not {kind} (needs a 'specx' block with method '{method}'{or_else})")
+    version = specx.get("format_version")
+    if version is None:
+        raise ValueError(f"{where}: missing required field 'specx.format_version'")
+    if version != format_version:
+        raise ValueError(f"{where}: specx.format_version {version!r} is not supported by this "
+                         f"vllm-specx (reads version {format_version}); upgrade vllm-specx")
+    return specx

@@ -94,3 +94,37 @@ class ContextDecoderLayer(nn.Module):
         h = h + a.o_proj(gqa_attention(q, torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1), mask))
         x = self.post_attention_layernorm(h)
         return h + self.mlp.down_proj(F.silu(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))
+
+
+def causal_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal grouped-query attention over one sequence per batch row (a draft's step 0 over every
+    position). q [B, S, heads, hd], k/v [B, S, kv_heads, hd] -> [B, S, heads * hd]."""
+    s = q.shape[1]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    return gqa_attention(q, k, v, mask[None].expand(q.shape[0], -1, -1))
+
+
+def chain_step_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, ctx_mask: torch.Tensor,
+                         own_k: list[torch.Tensor] | None = None, own_v: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Attention of one draft step of M chains per sequence (a recurrent draft unrolled for training).
+
+    Args:
+        q: [B, M, heads, hd], the step's queries (RoPE applied).
+        k_ctx, v_ctx: [B, S, heads, hd], step 0's keys/values of every position (heads expanded).
+        ctx_mask: [B, M, S] bool, True where chain m may attend (positions <= its step-0 row).
+        own_k, own_v: the chain's own keys/values of steps 1..j, each [B, M, heads, hd] (None or
+            empty: the step attends to the context only - KVShare).
+    Returns:
+        [B, M, heads, hd].
+    """
+    scale = 1 / math.sqrt(q.shape[-1])
+    sc = torch.einsum("bmhd,bshd->bmhs", q, k_ctx) * scale
+    sc = sc.masked_fill(~ctx_mask[:, :, None, :], float("-inf"))
+    if not own_k:
+        w = torch.softmax(sc.float(), -1).to(q.dtype)
+        return torch.einsum("bmhs,bshd->bmhd", w, v_ctx)
+    ko, vo = torch.stack(own_k, 2), torch.stack(own_v, 2)  # [B, M, j, h, hd]
+    so = torch.einsum("bmhd,bmjhd->bmhj", q, ko) * scale
+    w = torch.softmax(torch.cat([sc, so], -1).float(), -1).to(q.dtype)
+    s = k_ctx.shape[1]
+    return torch.einsum("bmhs,bshd->bmhd", w[..., :s], v_ctx) + torch.einsum("bmhj,bmjhd->bmhd", w[..., s:], vo)

@@ -53,6 +53,8 @@ class Method:
         read_config: `read_config(raw, where)` -> config; raises ValueError naming the field and
             `where` (the file) for a checkpoint that claims to be this method's but is bad.
         internal_method: the vLLM method whose runner plumbing the proposer reuses.
+        internal_method_for: `internal_method_for(config)` -> the internal method for one draft,
+            when it depends on the checkpoint (None: always `internal_method`).
         arch: the draft architecture registered with vLLM's ModelRegistry.
         model_cls: "module:Class" of the vLLM draft model.
         proposer_cls: "module:Class" of the proposer swapped into vLLM's V1 runner.
@@ -88,10 +90,15 @@ class Method:
     vllm_internals: tuple[str, ...] = ()
     description: str = ""
     spec_options: tuple[tuple[str, str, str], ...] = ()
+    internal_method_for: Callable[[Any], str] | None = None
 
     @property
     def archs(self) -> tuple[str, ...]:
         return (self.arch, *self.vllm_archs)
+
+    def internal(self, cfg) -> str:
+        """The vLLM method whose plumbing serves the draft with config `cfg`."""
+        return self.internal_method_for(cfg) if self.internal_method_for else self.internal_method
 
 
 @dataclasses.dataclass(frozen=True)

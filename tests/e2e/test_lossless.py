@@ -12,7 +12,8 @@ fail the same test (p far below alpha): the test can fail.
 Which verifier ran is proven from inside the worker, with the same engines: our
 SpecxRejectionSampler counts the acceptance op's completed calls per method actually passed to
 it, so the block config must show block calls (and no token-wise ones), the token-wise configs
-the reverse, and every DSpark verification step must be one of our op's calls.
+the reverse, and every verification step of our proposers (DSpark, MTP) must be one of our
+op's calls.
 """
 
 import pytest
@@ -82,6 +83,7 @@ def drafts(tmp_path_factory):
     root = tmp_path_factory.mktemp("lossless")
     target = load_target(T.REF_TARGET)
     return {"dspark": str(T.ASSETS / "drafts" / "ref-dspark"),
+            "mtp": str(T.ASSETS / "drafts" / "ref-mtp"),
             "eagle3": write_eagle3_head(target, root / "eagle3")}
 
 
@@ -103,6 +105,8 @@ CONFIGS = {
     "dspark-probabilistic": lambda d: _dspark(d, draft_sample_method="probabilistic"),
     "dspark-probabilistic-block": lambda d: _dspark(d, draft_sample_method="probabilistic",
                                                     rejection_sample_method="block"),
+    "mtp-probabilistic": lambda d: {"method": "mtp", "model": d["mtp"], "num_speculative_tokens": 3,
+                                    "draft_sample_method": "probabilistic"},
     "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     "eagle3-vllm-sampler": lambda d: {"method": "eagle3", "model": d["eagle3"], "num_speculative_tokens": 3,
@@ -130,7 +134,7 @@ def test_spec_decode_matches_nospec_distribution(name, nospec, run):
         assert p > ALPHA / (L * len(SETTINGS)), f"{name} {setting}: min p = {p:.3g} (tau {got['tau']})"
 
 
-DSPARK = [n for n in CONFIGS if n.startswith("dspark")]
+OURS = [n for n in CONFIGS if n.startswith(("dspark", "mtp"))]  # our proposers: our sampler verifies
 
 
 def _op_calls(got: dict, name: str) -> dict:
@@ -146,21 +150,21 @@ def test_block_verification_runs_when_configured(run):
     assert v["op_calls"].get("token", 0) == 0, v
 
 
-@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts"])
+@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic"])
 def test_token_wise_verification_runs_for_standard(name, run):
     v = _op_calls(run(name), name)
     assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v
     assert v["op_calls"].get("block", 0) == 0, v
 
 
-@pytest.mark.parametrize("name", DSPARK)
-def test_every_dspark_verification_step_is_our_op(name, run):
+@pytest.mark.parametrize("name", OURS)
+def test_every_verification_step_of_our_proposers_is_our_op(name, run):
     """Not just the class name: each forward of the sampler completed one call of our op."""
     v = _op_calls(run(name), name)
     assert v["calls"] > 0 and sum(v["op_calls"].values()) == v["calls"], v
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in DSPARK])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in OURS])
 def test_vllm_methods_keep_vllms_sampler(name, run):
     """The counters tell the samplers apart: vLLM's own methods are verified by vLLM's sampler."""
     v = run(name)["verifier"]

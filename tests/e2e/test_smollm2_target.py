@@ -15,7 +15,7 @@ from vllm_specx import assets, targets
 from vllm_specx.bench import render
 
 from .. import helpers as T
-from .serving import post, vllm_serve
+from .serving import get, post, vllm_serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 N = 32
@@ -79,3 +79,32 @@ def test_vllm_serve_loads_it(smollm2, tmp_path):
             "messages": [{"role": "user", "content": "Write a Python function that reverses a string."}]})
     text = res["choices"][0]["message"]["content"]
     assert res["usage"]["completion_tokens"] > 0 and "def " in text, text
+
+
+def test_vllm_serve_runs_our_mtp_proposer_losslessly(smollm2, chats, tmp_path):
+    """`vllm serve smollm2 --speculative-config '{"method": "mtp", "model": <ours>, ...}'`: our
+    MTPProposer runs in the worker (its log line, vLLM's draft counters), and greedy output
+    equals transformers' greedy tokens on the same weights."""
+    tok = AutoTokenizer.from_pretrained(str(smollm2))
+    inputs = render(chats[:2], tok)
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32)
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([x["prompt_token_ids"]]), max_new_tokens=N, do_sample=False)[0]
+                [len(x["prompt_token_ids"]):].tolist() for x in inputs]
+    del model
+    draft = T.write_random_mtp_for(json.loads((smollm2 / "config.json").read_text()), tmp_path / "mtp")
+    args = ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+            "--gpu-memory-utilization", "0.2", "--served-model-name", "smollm2",
+            "--speculative-config", json.dumps({"method": "mtp", "model": draft, "num_speculative_tokens": 7})]
+    log = tmp_path / "serve.log"
+    with vllm_serve(smollm2, args, log) as base:
+        res = post(base + "/v1/completions", {"model": "smollm2", "prompt": [x["prompt_token_ids"] for x in inputs],
+                                              "max_tokens": N, "temperature": 0, "ignore_eos": True})
+        metrics = get(base + "/metrics")
+    texts = [c["text"] for c in sorted(res["choices"], key=lambda c: c["index"])]
+    for text, w in zip(texts, want):
+        assert text.startswith(tok.decode(w)), (text, tok.decode(w))
+    assert "MTPProposer active" in log.read_text()
+    drafts = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith("vllm:spec_decode_num_drafts_total"))
+    assert drafts > 0

@@ -28,7 +28,7 @@ K = 3
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("train") / "data"
     proc = subprocess.run([sys.executable, "-m", "vllm_specx.cli", "gen-data", "--target", str(T.REF_TARGET),
-                           "--prompts", "train", "--limit", "40", "--max-tokens", "48", "--taps", "1,4,6",
+                           "--prompts", "train", "--limit", "40", "--max-tokens", "48", "--taps", "1,4,7",
                            "--topk", "16", "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "meta.json").read_text())["topk"] == 16
@@ -79,12 +79,18 @@ def test_vllm_eagle3_drafts_equal_the_trained_reference(trained, target):
         llm.collective_rpc(T.record_proposals)
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         proposals = llm.collective_rpc(T.read_proposals)[0]
+    _check_proposals(out, proposals, lambda seq, pos: ref.greedy_drafts(
+        T.target_taps(target, torch.tensor([seq[:pos]]), ref.cfg.target_layer_ids)[0], torch.tensor(seq[:pos + 1]), K))
+
+
+def _check_proposals(out, proposals, reference):
+    """vLLM's first passes (next token, drafts) against `reference(seq, anchor position)`: the
+    first pass drafts after the first generated token, each later one after the accepted drafts."""
     seq = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
-    pos, checked = len(out.prompt_token_ids), 0  # the first pass drafts after the first generated token
+    pos, checked = len(out.prompt_token_ids), 0
     for nxt, drafts in proposals[:5]:
         assert nxt == [seq[pos]], (nxt, seq[pos])
-        taps = T.target_taps(target, torch.tensor([seq[:pos]]), ref.cfg.target_layer_ids)[0]
-        want = ref.greedy_drafts(taps, torch.tensor(seq[:pos + 1]), K)
+        want = reference(seq, pos)
         assert drafts[0] == want, f"anchor position {pos}: vLLM {drafts[0]} != reference {want}"
         checked += 1
         a = 0
@@ -92,3 +98,21 @@ def test_vllm_eagle3_drafts_equal_the_trained_reference(trained, target):
             a += 1
         pos += a + 1
     assert checked >= 3
+
+
+def test_vllm_mtp_drafts_equal_the_trained_reference(trained, target):
+    """The trained MTP checkpoint, as the trainer saved it: vLLM's greedy drafts equal the
+    reference chain (the model the trainer optimised, with the checkpoint's kv_share)."""
+    from vllm_specx.methods.mtp.checkpoint import load
+    from vllm_specx.training.taps import embed_and_head
+
+    path, _ = trained["mtp"]
+    ref = load(path, *embed_and_head(target))
+    prompt = T.load_prompts("code", limit=1)[0]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with T.cpu_llm(T.REF_TARGET, speculative_config=_spec("mtp", path)) as llm:
+        llm.collective_rpc(T.record_proposals)
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        proposals = llm.collective_rpc(T.read_proposals)[0]
+    _check_proposals(out, proposals, lambda seq, pos: ref.greedy_drafts(
+        T.target_final_hidden(target, seq[:pos]), torch.tensor(seq[:pos + 1]), K))

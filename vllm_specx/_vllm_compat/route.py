@@ -242,7 +242,7 @@ def speculative_post_init(orig):
         check_options(self, method)  # before vLLM's post-init rewrites some of them
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = cfg.max_drafts
-        self.method = method.internal_method
+        self.method = method.internal(cfg)
         register_archs(method)  # before vLLM validates the draft's architecture (also for methods
         orig(self)              # registered after install())
         finish_route(self, method, cfg)

@@ -14,6 +14,16 @@ import torch
 import torch.nn.functional as F
 
 
+def add_chain_args(ap) -> None:
+    """The trainer flags of a recurrent (chain) drafter: sequence crop, chains per sequence, steps
+    unrolled per chain and which token each step reads."""
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--anchors", type=int, default=24, help="chains per sequence")
+    ap.add_argument("--drafts", type=int, default=7, help="draft steps unrolled per chain")
+    ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
+                    help="step j's input token: the target's x_{a+j} or the chain's own draft")
+
+
 def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
                n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
     """Crop `batch` sequences to `seq_len` and place `anchors` random blocks in each (see

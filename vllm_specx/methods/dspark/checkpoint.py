@@ -35,6 +35,7 @@ from vllm_specx.checkpoint import (
     load_tensors,
     read_config_json,
     save_tensors,
+    specx_block,
     to_aux_ids,
     write_config_json,
 )
@@ -59,18 +60,8 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> DSparkDraftC
     """Parse either format; ValueError naming `where` and the field on a bad config."""
     if raw.get("speculators_model_type") == METHOD_NAME:
         return _from_speculators(raw, where)
-    specx = raw.get("specx")
-    if not isinstance(specx, dict) or specx.get("method") != METHOD_NAME:
-        raise ValueError(
-            f"{where}: not a DSpark draft (needs a 'specx' block with method '{METHOD_NAME}', "
-            f"or speculators_model_type '{METHOD_NAME}')"
-        )
-    version = specx.get("format_version")
-    if version is None:
-        raise ValueError(f"{where}: missing required field 'specx.format_version'")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"{where}: specx.format_version {version!r} is not supported by this "
-                         f"vllm-specx (reads version {FORMAT_VERSION}); upgrade vllm-specx")
+    specx = specx_block(raw, METHOD_NAME, FORMAT_VERSION, where, "a DSpark draft",
+                        f", or speculators_model_type '{METHOD_NAME}'")
     return build_config(raw, specx, "specx", where, specx.get("target_layer_ids"))
 
 

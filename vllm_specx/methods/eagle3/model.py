@@ -27,13 +27,11 @@ earlier drafts are accepted at temperature 0) or the chain's own greedy draft j-
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_specx.layers import RMSNorm, rope
+from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rope
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
 
@@ -107,12 +105,7 @@ class Eagle3Draft(nn.Module):
         nxt = torch.cat([ids[:, 1:], ids.new_zeros(b, 1)], 1).clamp(min=0)
         pos = torch.arange(s, device=ids.device).expand(b, s)
         q, k, v = self._qkv(nxt, g, pos)
-        mask = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
-        rep = q.shape[-2] // k.shape[-2]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
-                                           v.repeat_interleave(rep, 2).transpose(1, 2), attn_mask=mask,
-                                           scale=1 / math.sqrt(self.cfg.head_dim))
-        return self._finish(o.transpose(1, 2).flatten(2), g), k, v
+        return self._finish(causal_gqa(q, k, v), g), k, v
 
     def chain_logits(self, taps: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, n: int,
                      chain_tokens: str = "target") -> torch.Tensor:
@@ -131,7 +124,6 @@ class Eagle3Draft(nn.Module):
         rep = c.num_attention_heads // c.num_key_value_heads
         kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
         own_k, own_v = [], []
-        scale = 1 / math.sqrt(c.head_dim)
         for j in range(1, n):
             if chain_tokens == "draft":
                 tok = logits[-1].detach().argmax(-1)
@@ -140,12 +132,7 @@ class Eagle3Draft(nn.Module):
             q, k, v = self._qkv(tok, g, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
             own_k.append(k.repeat_interleave(rep, -2))
             own_v.append(v.repeat_interleave(rep, -2))
-            sc = torch.einsum("bmhd,bshd->bmhs", q, kc) * scale
-            sc = sc.masked_fill(~ctx_mask[:, :, None, :], float("-inf"))
-            ko, vo = torch.stack(own_k, 2), torch.stack(own_v, 2)  # [B, M, j, h, hd]
-            so = torch.einsum("bmhd,bmjhd->bmhj", q, ko) * scale
-            w = torch.softmax(torch.cat([sc, so], -1).float(), -1).to(q.dtype)
-            o = torch.einsum("bmhs,bshd->bmhd", w[..., :s], vc) + torch.einsum("bmhj,bmjhd->bmhd", w[..., s:], vo)
+            o = chain_step_attention(q, kc, vc, ctx_mask, own_k, own_v)
             g = self._finish(o.flatten(-2), g)
             logits.append(self.logits(g))
         return torch.stack(logits, 2)

@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from vllm_specx.training.blocks import make_batch
+from vllm_specx.training.blocks import add_chain_args, make_batch
 from vllm_specx.methods.eagle3.checkpoint import save as save_eagle3
 from vllm_specx.methods.eagle3.config import Eagle3Config
 from vllm_specx.methods.eagle3.model import Eagle3Draft
@@ -17,11 +17,7 @@ from vllm_specx.training.losses import DraftOutput
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--anchors", type=int, default=24, help="chains per sequence")
-    ap.add_argument("--drafts", type=int, default=7, help="draft steps unrolled per chain")
-    ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
-                    help="step j's input token: the target's x_{a+j} or the chain's own draft")
+    add_chain_args(ap)
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> Eagle3Draft:

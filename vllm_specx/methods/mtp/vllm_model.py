@@ -1,0 +1,109 @@
+"""The MTP draft on vLLM's layers: `model.py`'s math with vLLM's Llama decoder layer (its
+attention writes/reads the draft's paged KV cache under the layer index `target layers + 0`, as a
+native MTP layer's does), the target's embeddings and LM head (shared by vLLM's MTP loading: this
+model has neither `has_own_embed_tokens` nor `has_own_lm_head`).
+
+`forward` returns (g, g): the post-norm output is both what the logits read and what the next
+draft step is fed (`model.py`). The K3 variant's `fc` is `combine_hidden_states`, which vLLM's
+EAGLE-3 plumbing applies to the captured target layers; the class is an `Eagle3LlamaForCausalLM`
+only so that plumbing accepts it (none of that class's own code runs). Imported only inside
+vLLM processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.llama import LlamaDecoderLayer
+from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+from vllm_specx import registry
+
+_STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
+            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+
+
+class _SharedHead(nn.Module):
+    def __init__(self, h: int, eps: float):
+        super().__init__()
+        self.norm = RMSNorm(h, eps=eps)
+
+
+class _MTPLayer(nn.Module):
+    def __init__(self, vllm_config, config, cfg, prefix: str):
+        super().__init__()
+        h = cfg.hidden_size
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h)  # replaced by the target's
+        self.enorm = RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.eh_proj = ReplicatedLinear(2 * h, h, bias=False, return_bias=False,
+                                        params_dtype=vllm_config.model_config.dtype)
+        # The KV-cache layer name is the native MTP layer's index: target layers + 0.
+        self.mtp_block = LlamaDecoderLayer(vllm_config, prefix=f"{prefix}.layers.{cfg.target_num_hidden_layers}",
+                                           config=config)
+        self.shared_head = _SharedHead(h, cfg.rms_norm_eps)
+        if cfg.fusion_layer_ids:
+            self.fc = ReplicatedLinear(len(cfg.fusion_layer_ids) * cfg.target_hidden_size, h, bias=False,
+                                       return_bias=False, params_dtype=vllm_config.model_config.dtype)
+
+
+class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        nn.Module.__init__(self)  # not Eagle3LlamaForCausalLM's layers: ours
+        self.config = vllm_config.speculative_config.draft_model_config.hf_config
+        _, cfg = registry.config_of(self.config)  # validated again here, in the worker
+        self.mtp = cfg
+        self.model = _MTPLayer(vllm_config, self.config, cfg, prefix=(prefix + ".model") if prefix else "model")
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)  # replaced by the target's
+        self.logits_processor = LogitsProcessor(cfg.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.model
+        e = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        u = m.eh_proj(torch.cat([m.enorm(e), m.hnorm(hidden_states)], -1))
+        x, residual = m.mtp_block(positions, u, None)
+        g = m.shared_head.norm(x + residual)
+        return g, g
+
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """K3: the fused step-0 hidden input from the captured target layers [N, n*H] -> [N, H]."""
+        return self.model.fc(hidden_states)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.model.named_parameters())
+        loaded = set()
+        for name, w in weights:
+            for param_name, shard_name, shard_id in _STACKED:
+                if shard_name in name:
+                    key = name.replace(shard_name, param_name)
+                    param = params.get(key)
+                    if param is None:
+                        break
+                    param.weight_loader(param, w, shard_id)
+                    loaded.add(key)
+                    break
+            else:
+                param = params.get(name)
+                if param is None or name.startswith("embed_tokens."):
+                    raise ValueError(f"MTP checkpoint: tensor '{name}' does not belong to this draft")
+                getattr(param, "weight_loader", default_weight_loader)(param, w)
+                loaded.add(name)
+        missing = sorted(set(params) - loaded - {"embed_tokens.weight"})
+        if missing:
+            raise ValueError(f"MTP checkpoint: missing tensors {missing}")
+        # Embeddings and LM head come from the target (shared after loading).
+        return {"model." + n for n in params} | {"lm_head.weight"}
