@@ -43,3 +43,32 @@ def test_serve_completions_and_spec_decode_metrics(server):
     assert _counter(metrics, "vllm:spec_decode_num_draft_tokens_total") == 7 * drafts
     assert _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") >= 0
     assert "DSparkProposer active" in log.read_text()  # logged by our proposer in the worker
+
+
+def test_serve_runs_our_mtp_proposer(tmp_path):
+    """`vllm serve <ref target> --speculative-config '{"method": "mtp", "model": <committed MTP>}'`:
+    our MTPProposer runs in the worker, vLLM counts its drafts, and greedy text equals the same
+    server's answer without speculation (the DSpark server above is another engine; here the
+    no-spec reference is the offline engine)."""
+    from vllm import SamplingParams
+
+    from ..helpers import ASSETS, cpu_llm
+
+    prompts = load_prompts("code", limit=2)
+    with cpu_llm(REF_TARGET) as llm:
+        want = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32,
+                                                                                  ignore_eos=True))]
+    log = tmp_path / "serve.log"
+    args = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+            "--gpu-memory-utilization", "0.2", "--served-model-name", "ref",
+            "--speculative-config", json.dumps({"method": "mtp", "model": str(ASSETS / "drafts" / "ref-mtp"),
+                                                "num_speculative_tokens": 7})]
+    with vllm_serve(REF_TARGET, args, log) as base:
+        res = _post(base + "/v1/completions", {"model": "ref", "prompt": prompts, "max_tokens": 32,
+                                               "temperature": 0, "ignore_eos": True})
+        metrics = _get(base + "/metrics")
+    got = [c["text"] for c in sorted(res["choices"], key=lambda c: c["index"])]
+    assert got == want
+    drafts = _counter(metrics, "vllm:spec_decode_num_drafts_total")
+    assert drafts > 0 and _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") > drafts / 2  # tau > 1.5
+    assert "MTPProposer active" in log.read_text()
