@@ -344,7 +344,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--sweep-batch-sizes", default=None, help="batch sizes the sweep runs at (default: all)")
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--draft-sample-method", choices=("greedy", "probabilistic"), default="greedy",
+    ap.add_argument("--draft-sample-method", choices=DRAFT_SAMPLE_METHODS, default="greedy",
                     help="vLLM's draft_sample_method for every draft-model provider without an @...: greedy drafts (argmax, "
                          "verified as one-hot) or drafts sampled from the draft's distribution q, which the "
                          "sampler then verifies against p (what TV-type losses train for; T > 0 only). "

@@ -102,6 +102,20 @@ def from_aux_ids(aux_ids) -> list[int]:
     return [int(i) - 1 for i in aux_ids]
 
 
+def decoder_block_fields(target: dict[str, Any]) -> dict[str, Any]:
+    """The decoder-block shape fields a one-layer draft copies from its target's HF config (as a
+    dict): hidden size, heads, head dim, MLP width, norm eps, vocab, RoPE base, max positions."""
+    rope = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    h = target["hidden_size"]
+    return {"hidden_size": h, "num_attention_heads": target["num_attention_heads"],
+            "num_key_value_heads": target.get("num_key_value_heads") or target["num_attention_heads"],
+            "head_dim": target.get("head_dim") or h // target["num_attention_heads"],
+            "intermediate_size": target["intermediate_size"], "rms_norm_eps": target["rms_norm_eps"],
+            "vocab_size": target["vocab_size"], "rope_theta": float(rope),
+            "max_position_embeddings": target.get("max_position_embeddings", 8192),
+            "target_hidden_size": h}
+
+
 def specx_block(raw: dict[str, Any], method: str, format_version: int, where: str, kind: str,
                 or_else: str = "") -> dict[str, Any]:
     """The `specx` block of a vllm-specx checkpoint's config.json, checked: it names `method` and

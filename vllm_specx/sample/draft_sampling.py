@@ -8,6 +8,12 @@ from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm_specx.ops.acceptance import draw_exp_noise
 
 
+def hands_draft_probs(spec) -> bool:
+    """Whether a proposer keeps its drafts' distributions for verification: probabilistic drafts
+    verified by "standard" or "block" (vLLM itself keeps them only for "standard")."""
+    return spec.draft_sample_method == "probabilistic" and spec.rejection_sample_method in ("standard", "block")
+
+
 def probabilistic_pick(sampling_metadata, batch: int):
     """`pick` for `sequential_drafts`: `logits [batch, V]` -> (drafts, `q = softmax(logits / T)`).
 

@@ -30,7 +30,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_specx import registry
 from vllm_specx.methods.dspark.model import greedy_pick, reads_anchor_slot, sequential_drafts
-from vllm_specx.sample.draft_sampling import probabilistic_pick
+from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
 logger = logging.getLogger("vllm.specx")
 _VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
@@ -46,9 +46,7 @@ class DSparkProposer(DFlashProposer):
         spec = vllm_config.speculative_config
         # vLLM keeps draft probabilities only for "standard"; our sampler's block verification
         # needs them as well.
-        self._enable_probabilistic_draft_probs = (
-            spec.draft_sample_method == "probabilistic"
-            and spec.rejection_sample_method in ("standard", "block"))
+        self._enable_probabilistic_draft_probs = hands_draft_probs(spec)
         # Counters a test or a user can read through `LLM.collective_rpc`.
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_specx.checkpoint import from_aux_ids, to_aux_ids
+from vllm_specx.checkpoint import decoder_block_fields, from_aux_ids, to_aux_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +52,7 @@ class Eagle3Config:
     @classmethod
     def for_target(cls, target: dict[str, Any], target_layer_ids) -> Eagle3Config:
         """A draft layer with the target's shapes (`target`: its HF config as a dict)."""
-        rope = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        h = target["hidden_size"]
-        return cls(hidden_size=h, num_attention_heads=target["num_attention_heads"],
-                   num_key_value_heads=target.get("num_key_value_heads") or target["num_attention_heads"],
-                   head_dim=target.get("head_dim") or h // target["num_attention_heads"],
-                   intermediate_size=target["intermediate_size"], rms_norm_eps=target["rms_norm_eps"],
-                   vocab_size=target["vocab_size"], rope_theta=float(rope),
-                   max_position_embeddings=target.get("max_position_embeddings", 8192),
-                   target_hidden_size=h, target_layer_ids=tuple(target_layer_ids))
+        return cls(**decoder_block_fields(target), target_layer_ids=tuple(target_layer_ids))
 
     def vllm_config_json(self) -> dict[str, Any]:
         """The config.json vLLM's built-in `eagle3` method loads (`LlamaForCausalLMEagle3`)."""

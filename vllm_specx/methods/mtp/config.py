@@ -87,15 +87,9 @@ class MTPDraftConfig:
     @classmethod
     def for_target(cls, target: dict[str, Any], **kw) -> MTPDraftConfig:
         """A layer with the target's block shapes (`target`: its HF config as a dict)."""
-        rope = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        h = target["hidden_size"]
-        return cls(hidden_size=h, num_attention_heads=target["num_attention_heads"],
-                   num_key_value_heads=target.get("num_key_value_heads") or target["num_attention_heads"],
-                   head_dim=target.get("head_dim") or h // target["num_attention_heads"],
-                   intermediate_size=target["intermediate_size"], rms_norm_eps=target["rms_norm_eps"],
-                   vocab_size=target["vocab_size"], rope_theta=float(rope),
-                   max_position_embeddings=target.get("max_position_embeddings", 8192),
-                   target_hidden_size=h, target_num_hidden_layers=target["num_hidden_layers"], **kw)
+        from vllm_specx.checkpoint import decoder_block_fields
+
+        return cls(**decoder_block_fields(target), target_num_hidden_layers=target["num_hidden_layers"], **kw)
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
         for mine, theirs in (("target_hidden_size", "hidden_size"), ("vocab_size", "vocab_size"),

@@ -44,15 +44,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_specx.checkpoint import load_tensors
+from vllm_specx.layers import rms_norm
 from vllm_specx.ops.dsa_indexer import prepare_indexer_k, prepare_indexer_q, prepare_indexer_weights
 from vllm_specx.ops.topk import topk as topk_op
 
 NATIVE_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def _rope_tables(pos: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,14 +123,14 @@ class Glm5MTPLayer(nn.Module):
 
     def _input(self, e_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         w = self.w
-        x = torch.cat([_rms(self.embed[e_ids], w["enorm.weight"], self.eps), _rms(h, w["hnorm.weight"], self.eps)], -1)
+        x = torch.cat([rms_norm(self.embed[e_ids], w["enorm.weight"], self.eps), rms_norm(h, w["hnorm.weight"], self.eps)], -1)
         return self._lin("eh_proj", x)
 
     def _keys(self, x: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-key state of rows x [N, H] at pos [N]: MLA latent, rotated rope key, indexer key."""
         c, a = self.c, "self_attn."
         kv = self._lin(a + "kv_a_proj_with_mqa", x)
-        lat = _rms(kv[:, : c["kv_lora_rank"]], self.w[a + "kv_a_layernorm.weight"], 1e-6)
+        lat = rms_norm(kv[:, : c["kv_lora_rank"]], self.w[a + "kv_a_layernorm.weight"], 1e-6)
         cos, sin = _rope_tables(pos, c["qk_rope_head_dim"], self.theta)
         k_rope = _rope_pairs(kv[:, c["kv_lora_rank"]:], cos, sin)
         ik = self._lin(a + "indexer.wk", x)
@@ -144,7 +140,7 @@ class Glm5MTPLayer(nn.Module):
 
     def _queries(self, x: torch.Tensor, pos: torch.Tensor):
         c, a = self.c, "self_attn."
-        qc = _rms(self._lin(a + "q_a_proj", x), self.w[a + "q_a_layernorm.weight"], 1e-6)
+        qc = rms_norm(self._lin(a + "q_a_proj", x), self.w[a + "q_a_layernorm.weight"], 1e-6)
         nh, dn, dr = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"]
         q = self._lin(a + "q_b_proj", qc).view(-1, nh, dn + dr)
         cos, sin = _rope_tables(pos, dr, self.theta)
@@ -207,8 +203,8 @@ class Glm5MTPLayer(nn.Module):
 
     def _finish(self, u: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         r = u + attn
-        y = r + self._mlp(_rms(r, self.w["post_attention_layernorm.weight"], self.eps))
-        return _rms(y, self.w["shared_head.norm.weight"], self.eps)
+        y = r + self._mlp(rms_norm(r, self.w["post_attention_layernorm.weight"], self.eps))
+        return rms_norm(y, self.w["shared_head.norm.weight"], self.eps)
 
     # ---- drafting ------------------------------------------------------------------------
     @torch.no_grad()
@@ -220,7 +216,7 @@ class Glm5MTPLayer(nn.Module):
         a = hidden.shape[0]
         pos = torch.arange(a)
         u0 = self._input(ids[1:a + 1], hidden.float())
-        x0 = _rms(u0, self.w["input_layernorm.weight"], self.eps)
+        x0 = rms_norm(u0, self.w["input_layernorm.weight"], self.eps)
         keys = self._keys(x0, pos)
         qn, qr, iq, iw = self._queries(x0, pos)
         causal = torch.ones(a, a, dtype=torch.bool).tril()
@@ -232,7 +228,7 @@ class Glm5MTPLayer(nn.Module):
             tok = torch.tensor([drafts[j - 1]]) if drafts else out[-1].argmax(-1)
             p = torch.tensor([a - 1 + j])
             u = self._input(tok, g)
-            x = _rms(u, self.w["input_layernorm.weight"], self.eps)
+            x = rms_norm(u, self.w["input_layernorm.weight"], self.eps)
             qn, qr, iq, iw = self._queries(x, p)
             if not kv_share:
                 own = self._keys(x, p)

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rope
+from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rms_norm, rope
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 
 
@@ -201,5 +201,4 @@ class MTPDraft(nn.Module):
 
 def final_hidden(norm_weight: torch.Tensor, eps: float, last_layer_tap: torch.Tensor) -> torch.Tensor:
     """H_t from the residual stream after the target's last layer (a data tap): its final norm."""
-    x = last_layer_tap.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    return rms_norm(last_layer_tap, norm_weight, eps)

@@ -28,7 +28,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_specx import registry
-from vllm_specx.sample.draft_sampling import probabilistic_pick
+from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
 logger = logging.getLogger("vllm.specx")
 
@@ -38,10 +38,7 @@ class MTPProposer(EagleProposer):
         super().__init__(vllm_config, device, runner)
         _, self.mtp = registry.config_of(self.draft_model_config.hf_config)  # validated
         self.kv_share = self.mtp.kv_share
-        spec = vllm_config.speculative_config
-        self._enable_probabilistic_draft_probs = (
-            spec.draft_sample_method == "probabilistic"
-            and spec.rejection_sample_method in ("standard", "block"))
+        self._enable_probabilistic_draft_probs = hands_draft_probs(vllm_config.speculative_config)
         self.stats = {"propose_calls": 0, "draft_steps": 0, "kv_writes_skipped": 0,
                       "probabilistic_calls": 0, "kv_share": self.kv_share}
         logger.info("vllm-specx: MTPProposer active in pid %d (one shared MTP layer, kv_share %s, "

@@ -68,13 +68,14 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if args.init_from:
         from vllm_specx.checkpoint import load_tensors
 
-        start = {k: v for k, v in load_tensors(args.init_from).items() if k != "fc.weight"}
-        own = {k: v for k, v in draft.specx_state_dict().items() if k != "fc.weight"}
-        if set(start) != set(own):
-            raise SystemExit(f"--init-from {args.init_from}: not an MTP layer of this shape")
-        with torch.no_grad():
-            for k, p in own.items():
-                p.copy_(start[k])
+        start = load_tensors(args.init_from)
+        start.pop("fc.weight", None)  # the layer only; a fusion is (re)initialised below
+        if fusion:
+            start["fc.weight"] = draft.fc.weight
+        try:
+            draft.load_specx_state_dict(start)  # names and shapes checked
+        except ValueError as e:
+            raise SystemExit(f"--init-from {args.init_from}: {e}") from None
     if fusion:
         draft.init_fusion_as_final_norm(norm.weight.detach())
     draft.tap_slices = [taps.index(i) for i in fusion]
