@@ -24,14 +24,22 @@ REF_TARGET = ASSETS / "ref-target"
 load_prompts = assets.load_prompts
 
 
-def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0) -> DSparkDraft:
+def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0, **recipe) -> DSparkDraft:
+    """A random DSpark head for the reference target; `recipe`: the full recipe's switches and
+    `markov_head_type` (with final_layer_tap the target's last layer 7 is added to the taps)."""
+    if recipe.get("final_layer_tap"):
+        taps = tuple(taps) + (target.config.num_hidden_layers - 1,)
     cfg = DSparkDraftConfig.for_target(
         target.config.to_dict(), target_layer_ids=taps, num_hidden_layers=layers, block_size=block_size,
-        mask_token_id=2, markov_rank=32, sample_from_anchor=anchor)
+        mask_token_id=2, markov_rank=32, sample_from_anchor=anchor, **recipe)
     torch.manual_seed(seed)
     draft = DSparkDraft(cfg, *embed_and_head(target))
-    for p in draft.parameters():
-        if p.dim() > 1:
+    for name, p in draft.named_parameters():
+        if name == "fusion_logits":  # far from the equal mixture, so a shared context would show
+            torch.nn.init.normal_(p, std=2.0)
+        elif name == "slot_queries":  # rows far apart, so a slot given another's row would show
+            torch.nn.init.normal_(p, std=1.0)
+        elif p.dim() > 1:
             torch.nn.init.normal_(p, std=0.05)  # large enough that argmaxes are far from ties
         else:  # norm weights differ per layer, so a layer using another's norm shows
             torch.nn.init.normal_(p, mean=1.0, std=0.3)

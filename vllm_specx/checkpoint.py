@@ -116,18 +116,19 @@ def decoder_block_fields(target: dict[str, Any]) -> dict[str, Any]:
             "target_hidden_size": h}
 
 
-def specx_block(raw: dict[str, Any], method: str, format_version: int, where: str, kind: str,
-                or_else: str = "") -> dict[str, Any]:
+def specx_block(raw: dict[str, Any], method: str, format_version: int | tuple[int, ...], where: str,
+                kind: str, or_else: str = "") -> dict[str, Any]:
     """The `specx` block of a vllm-specx checkpoint's config.json, checked: it names `method` and
-    carries the `format_version` this reader knows; ValueError naming `where` and the field
-    (`or_else`: the other format the reader accepts, for the message)."""
+    carries a `format_version` this reader knows (one, or a tuple of them); ValueError naming
+    `where` and the field (`or_else`: the other format the reader accepts, for the message)."""
     specx = raw.get("specx")
     if not isinstance(specx, dict) or specx.get("method") != method:
         raise ValueError(f"{where}: not {kind} (needs a 'specx' block with method '{method}'{or_else})")
     version = specx.get("format_version")
     if version is None:
         raise ValueError(f"{where}: missing required field 'specx.format_version'")
-    if version != format_version:
+    known = format_version if isinstance(format_version, tuple) else (format_version,)
+    if isinstance(version, bool) or version not in known:
         raise ValueError(f"{where}: specx.format_version {version!r} is not supported by this "
-                         f"vllm-specx (reads version {format_version}); upgrade vllm-specx")
+                         f"vllm-specx (reads version {' and '.join(map(str, known))}); upgrade vllm-specx")
     return specx

@@ -20,6 +20,8 @@ import pytest
 import torch
 from vllm import SamplingParams
 
+from vllm_specx.methods.dspark.config import RECIPE
+
 from .. import helpers as T
 from ..helpers import random_draft, target_taps, write  # `target`: a fixture of conftest.py
 
@@ -32,15 +34,15 @@ PARAMS = SamplingParams(temperature=TEMP, top_p=0.9, top_k=50, seed=5, max_token
 
 @torch.no_grad()
 def reference_conditionals(target, draft, prefix: list[int], anchor: int, drafts: list[int]) -> torch.Tensor:
-    """[len(drafts), V]: q_k given the prefix (context), the anchor and the sampled drafts < k."""
+    """[len(drafts), V]: q_k given the prefix (context), the anchor and the sampled drafts < k
+    (the reference's own left-to-right loop, `DSparkDraft.draft`, made to pick the given drafts)."""
     taps = target_taps(target, torch.tensor([prefix]), draft.cfg.target_layer_ids)[0]
-    base = draft.base_logits(taps, anchor, len(drafts))
-    out, prev = [], anchor
-    for k in range(len(drafts)):
-        logits = base[k] + draft.markov_bias(torch.tensor([prev]))[0]
-        out.append((logits / TEMP).softmax(-1))
-        prev = drafts[k]
-    return torch.stack(out)
+    picks = iter(drafts)
+
+    def pick(logits):
+        return torch.tensor([next(picks)]), (logits / TEMP).softmax(-1)
+
+    return draft.draft(taps, anchor, len(drafts), pick)[1]
 
 
 @torch.no_grad()
@@ -58,10 +60,15 @@ def trainer_conditionals(target, draft, prefix: list[int], anchor: int, drafts: 
     return (logits / TEMP).softmax(-1)
 
 
-@pytest.mark.parametrize("fmt", ["specx", "speculators"])
+@pytest.mark.parametrize("fmt", ["specx", "speculators", "recipe-block16"])
 def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
-    draft = random_draft(target, anchor=(fmt == "specx"), seed=3)
-    N = NDRAFTS[fmt]
+    """"recipe-block16": the full recipe (final-layer tap, per-layer fusion, per-slot queries,
+    recurrent head), anchor layout, a block of 16 slots drafting 16 tokens, 2 layers."""
+    if fmt == "recipe-block16":
+        draft, N = random_draft(target, seed=3, block_size=16, layers=2, **RECIPE), 16
+        fmt = "specx"
+    else:
+        draft, N = random_draft(target, anchor=(fmt == "specx"), seed=3), NDRAFTS[fmt]
     spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": N,
             "draft_sample_method": "probabilistic"}
     prompt = T.load_prompts("code", limit=1)[0]

@@ -6,6 +6,8 @@ from vllm import SamplingParams
 
 from .. import helpers as T
 from ..helpers import random_draft, reference_drafts, write
+from vllm_specx.methods.dspark.config import RECIPE
+
 from .conftest import GREEDY  # target, prompts, nospec_outputs: fixtures of conftest.py
 
 pytestmark = pytest.mark.e2e
@@ -31,21 +33,30 @@ def _check_drafts_match_reference(llm, target, draft, prompt, n):
     return out
 
 
-@pytest.mark.parametrize("fmt", ["specx", "speculators"])
+# case -> (checkpoint format, anchor layout, recipe switches). "recipe-fill-in": the full recipe
+# (final-layer tap, per-layer fusion, per-slot queries, recurrent head) in DFlash's fill-in layout;
+# the anchor layout with block 16 is covered by test_draft_probs.
+CASES = {"specx": ("specx", True, {}), "speculators": ("speculators", False, {}),
+         "recipe-fill-in": ("specx", False, RECIPE)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, prompts,
-                                                              nospec_outputs, fmt):
-    draft = random_draft(target, anchor=(fmt == "specx"), layers=2)  # layer 2 has its own norms
-    spec = {"method": "dspark", "model": write(draft, tmp_path / fmt, fmt), "num_speculative_tokens": NDRAFTS[fmt],
-            "draft_sample_method": "probabilistic" if fmt == "specx" else "greedy"}
+                                                              nospec_outputs, case):
+    fmt, anchor, recipe = CASES[case]
+    draft = random_draft(target, anchor=anchor, layers=2, **recipe)  # layer 2 has its own norms
+    n = NDRAFTS["specx" if anchor else "speculators"]
+    spec = {"method": "dspark", "model": write(draft, tmp_path / case, fmt), "num_speculative_tokens": n,
+            "draft_sample_method": "probabilistic" if case == "specx" else "greedy"}
     with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
         assert llm.collective_rpc(T.drafter_class) == ["vllm_specx.methods.dspark.proposer.DSparkProposer"]
-        _check_drafts_match_reference(llm, target, draft, prompts[0], NDRAFTS[fmt])
+        _check_drafts_match_reference(llm, target, draft, prompts[0], n)
         assert llm.collective_rpc(T.drafter_stats)[0]["query_slots"] == 8  # the training block
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
         metrics = T.spec_metrics(llm)
         sampler = llm.collective_rpc(T.rejection_sampler_info)[0]
         assert sampler["class"] == "SpecxRejectionSampler" and sampler["calls"] > 0  # our verifier
-        if fmt == "specx":
+        if case == "specx":
             _check_draft_probs_reach_rejection_sampler(llm, prompts)
     assert outs == nospec_outputs  # greedy speculative decoding is lossless
     assert metrics["num_drafts"] > 0

@@ -144,7 +144,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             defaults = json.loads(file.read_text())["args"]
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"--config {file}: not a {RECORD_FILE} with an 'args' object ({e})") from None
-    ap = parser(known.method or defaults.get("method"))
+    method = known.method or defaults.get("method")
+    ap = parser(method)
+    if known.config and method in registry.trainers():  # what an older record meant by a missing key
+        defaults = {**getattr(hooks(method), "RECORD_DEFAULTS", {}), **defaults}
     known_dests = {a.dest for a in ap._actions}
     unknown = sorted(set(defaults) - known_dests)
     if unknown:

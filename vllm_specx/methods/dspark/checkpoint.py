@@ -39,10 +39,16 @@ from vllm_specx.checkpoint import (
     to_aux_ids,
     write_config_json,
 )
-from vllm_specx.methods.dspark.config import SPECX_DSPARK_ARCH, DSparkDraftConfig
+from vllm_specx.methods.dspark.config import RECIPE_SWITCHES, SPECX_DSPARK_ARCH, DSparkDraftConfig
 
 METHOD_NAME = "dspark"
-FORMAT_VERSION = 1  # of the vllm-specx format; bump when its meaning changes, and read both
+# Of the vllm-specx format; bump when its meaning changes, and read both. 2 added the full
+# recipe's switches (`RECIPE_SWITCHES`); a version-1 block must not carry them.
+FORMAT_VERSION = 2
+READS_VERSIONS = (1, 2)
+SPECX_FIELDS = ("method", "format_version", "target_layer_ids", "target_hidden_size", "block_size",
+                "mask_token_id", "markov_rank", "sample_from_anchor", "causal", "markov_head_type",
+                "confidence_head", "sliding_window", "draft_vocab_size") + RECIPE_SWITCHES
 
 
 def detect(raw: dict[str, Any]) -> str | None:
@@ -60,8 +66,16 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> DSparkDraftC
     """Parse either format; ValueError naming `where` and the field on a bad config."""
     if raw.get("speculators_model_type") == METHOD_NAME:
         return _from_speculators(raw, where)
-    specx = specx_block(raw, METHOD_NAME, FORMAT_VERSION, where, "a DSpark draft",
+    specx = specx_block(raw, METHOD_NAME, READS_VERSIONS, where, "a DSpark draft",
                         f", or speculators_model_type '{METHOD_NAME}'")
+    unknown = sorted(set(specx) - set(SPECX_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {['specx.' + k for k in unknown]} in a DSpark "
+                         f"draft (known: {list(SPECX_FIELDS)})")
+    newer = [k for k in RECIPE_SWITCHES if k in specx]
+    if specx["format_version"] == 1 and newer:
+        raise ValueError(f"{where}: specx.{newer[0]} needs format_version 2 (version 1 has no "
+                         "full-recipe switches)")
     return build_config(raw, specx, "specx", where, specx.get("target_layer_ids"))
 
 
@@ -80,7 +94,8 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkDraftConfig:
         raise ValueError(
             f"{where}: missing required field 'sample_from_anchor' (speculators 0.9.0 defaults it "
             f"to true, vLLM's speculators translator to false; set it explicitly)")
-    opts = {k: v for k, v in raw.items() if k not in ("causal", "confidence_head", "sliding_window")}
+    opts = {k: v for k, v in raw.items()
+            if k not in ("causal", "confidence_head", "sliding_window") + RECIPE_SWITCHES}
     opts["causal"], opts["sliding_window"] = _speculators_attention(layer, raw, where)
     if raw.get("enable_confidence_head", True):
         opts["confidence_head"] = ("hidden+markov" if raw.get("confidence_head_with_markov", True)
@@ -148,6 +163,7 @@ def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkD
             markov_head_type=opts.get("markov_head_type") or "vanilla",
             confidence_head=opts.get("confidence_head"),
             sliding_window=opts.get("sliding_window"),
+            **{k: _flag(opts, k, False) for k in RECIPE_SWITCHES},
         )
     except (TypeError, ValueError) as e:
         if str(e).startswith(where):
@@ -193,7 +209,8 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
             "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank,
             "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
             "markov_head_type": c.markov_head_type, "confidence_head": c.confidence_head,
-            "sliding_window": c.sliding_window, **(extra or {}),
+            "sliding_window": c.sliding_window, **{k: getattr(c, k) for k in RECIPE_SWITCHES},
+            **(extra or {}),
         },
     }
     _write(draft, path, config, dtype)
@@ -202,6 +219,9 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
 def save_speculators(draft, path: str | Path, verifier: str) -> None:
     """Write `draft` as a speculators-format DSpark checkpoint (the fields vLLM's translator reads)."""
     c = draft.cfg
+    if [k for k in RECIPE_SWITCHES if getattr(c, k)]:
+        raise ValueError(f"the speculators format has no field for {', '.join(c.recipe)}: save this "
+                         "draft in the vllm-specx format")
     layer = layer_config(c)
     if c.sliding_window is not None:
         layer.update(layer_types=["sliding_attention"] * c.num_hidden_layers,

@@ -15,6 +15,12 @@ SPECX_DSPARK_ARCH = "SpecxDSparkModel"
 SOURCE_FORMATS = ("specx", "speculators")
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 CONFIDENCE_HEADS = (None, "hidden", "hidden+markov")
+# The full recipe: each switch on, plus the recurrent Markov head (see `RECIPE`).
+RECIPE_SWITCHES = ("final_layer_tap", "per_layer_fusion", "slot_queries")
+RECIPE = {"final_layer_tap": True, "per_layer_fusion": True, "slot_queries": True,
+          "markov_head_type": "rnn"}
+BASELINE = {"final_layer_tap": False, "per_layer_fusion": False, "slot_queries": False,
+            "markov_head_type": "vanilla"}
 
 _INT_FIELDS = ("target_hidden_size", "hidden_size", "vocab_size", "draft_vocab_size",
                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -51,6 +57,16 @@ class DSparkDraftConfig:
         sliding_window: None (every draft layer attends to the whole context), or W: a query
             block anchored at a sees context positions a - W .. a - 1 (speculators'
             sliding-attention layers; every layer).
+
+    The full recipe's switches (`RECIPE`; off in a checkpoint that does not name them; the
+    formulas are in `model.py`'s docstring):
+        final_layer_tap: the last tap is the target's final residual state (its last layer,
+            before the final norm); `check_target` holds the target to it.
+        per_layer_fusion: each draft layer mixes the fc's per-tap contributions with its own
+            softmax weights (`fusion_logits` [num_hidden_layers, n_taps]) before its context K/V.
+        slot_queries: query slot j >= 1 starts from its own learned embedding
+            (`slot_queries` [block_size - 1, hidden_size]) instead of the mask token's.
+        The recurrent head is `markov_head_type: "rnn"`.
     """
 
     source_format: str
@@ -74,6 +90,9 @@ class DSparkDraftConfig:
     markov_head_type: str = "vanilla"
     confidence_head: str | None = None
     sliding_window: int | None = None
+    final_layer_tap: bool = False
+    per_layer_fusion: bool = False
+    slot_queries: bool = False
 
     def __post_init__(self) -> None:
         def fail(msg: str):
@@ -87,7 +106,7 @@ class DSparkDraftConfig:
                 fail(f"{name} must be an integer, got {value!r}")
             if value < 0 or (value == 0 and name != "mask_token_id"):
                 fail(f"{name} must be positive, got {value}")
-        for name in ("sample_from_anchor", "causal"):
+        for name in ("sample_from_anchor", "causal") + RECIPE_SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
@@ -149,7 +168,8 @@ class DSparkDraftConfig:
                    block_size: int, mask_token_id: int, markov_rank: int,
                    sample_from_anchor: bool = True, causal: bool = False,
                    markov_head_type: str = "vanilla", confidence_head: str | None = None,
-                   sliding_window: int | None = None) -> DSparkDraftConfig:
+                   sliding_window: int | None = None, final_layer_tap: bool = False,
+                   per_layer_fusion: bool = False, slot_queries: bool = False) -> DSparkDraftConfig:
         """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict)."""
         from vllm_specx.methods.dspark.checkpoint import build_config
 
@@ -157,15 +177,23 @@ class DSparkDraftConfig:
         opts = {"block_size": block_size, "mask_token_id": mask_token_id, "markov_rank": markov_rank,
                 "sample_from_anchor": sample_from_anchor, "causal": causal,
                 "markov_head_type": markov_head_type, "confidence_head": confidence_head,
-                "sliding_window": sliding_window}
+                "sliding_window": sliding_window, "final_layer_tap": final_layer_tap,
+                "per_layer_fusion": per_layer_fusion, "slot_queries": slot_queries}
         return build_config(layer, opts, "specx", "new draft", target_layer_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
 
+    @property
+    def recipe(self) -> list[str]:
+        """The full recipe's changes this draft has, by name (empty: the baseline)."""
+        on = [name for name in RECIPE_SWITCHES if getattr(self, name)]
+        return on + (["recurrent head"] if self.markov_head_type == "rnn" else [])
+
     def summary(self) -> str:
         return (f"{self.source_format} DSpark draft, block {self.block_size} ({self.layout} layout), "
-                f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head")
+                f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head"
+                + (f", recipe: {', '.join(self.recipe)}" if self.recipe else ""))
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
         """Raise ValueError naming the field when this draft cannot serve `target`.
@@ -181,6 +209,10 @@ class DSparkDraftConfig:
                 f"DSpark draft target_layer_ids {list(self.target_layer_ids)}: layer(s) {bad} "
                 f"outside the target's {layers} layers (valid: 0..{layers - 1})"
             )
+        if self.final_layer_tap and self.target_layer_ids[-1] != layers - 1:
+            raise ValueError(
+                f"DSpark draft final_layer_tap: its last tap is layer {self.target_layer_ids[-1]}, "
+                f"not the target's last layer {layers - 1} (target_layer_ids {list(self.target_layer_ids)})")
         shared = " (the draft shares the target's embeddings and lm_head)"
         for mine, theirs, value, why in (
                 ("target_hidden_size", "hidden_size", self.target_hidden_size, ""),
@@ -215,6 +247,10 @@ class DSparkDraftConfig:
         if self.confidence_head is not None:
             width = h + (r if self.confidence_head == "hidden+markov" else 0)
             shapes.update({"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)})
+        if self.per_layer_fusion:
+            shapes["fusion_logits"] = (self.num_hidden_layers, len(self.target_layer_ids))
+        if self.slot_queries:
+            shapes["slot_queries"] = (self.block_size - 1, h)
         for i in range(self.num_hidden_layers):
             p = f"layers.{i}."
             shapes.update({

@@ -18,6 +18,24 @@ block_size - 1 in the fill-in layout); o = `slot_offset` (0 anchor layout, 1 fil
 So the anchor layout drafts a full block: B slots, B drafts (the anchor slot predicts x_{a+1});
 the fill-in layout (DFlash's) spends slot 0 on the anchor. Training uses B = block_size slots.
 
+The full recipe (each a switch in `DSparkDraftConfig`; all off = the baseline above):
+
+* final_layer_tap: the last tap is the target's final residual state r_{L-1} (its last layer's
+  output, before the final norm; vLLM's aux hidden state L). It is one more column block W_f of
+  `fc`, so c = fc(taps) = sum_t W_t tap_t still. Initialisation (`recipe.final_tap_columns`):
+  W_f = eh_proj[:, H:] diag(hnorm) when the target has a native MTP layer (GLM / DeepSeek; the
+  part of its projection that reads the final residual), else W_f = 0, so the draft starts as
+  the baseline's function exactly.
+* per_layer_fusion: with c_t = W_t tap_t [.., n_taps, H] (`tap_contributions`) and
+  w_l = n_taps * softmax(fusion_logits[l]) (`layer_mixtures`), draft layer l's context is
+  hn(sum_t w_{l,t} c_t) instead of hn(c). fusion_logits start at 0: w = 1, every layer's
+  context is hn(c) = the baseline's (up to float summation order).
+* slot_queries: query slot j >= 1 of a block starts from row j-1 of a learned table
+  [block_size - 1, H] instead of embed(m) (`with_slot_queries`; rows start as embed(m), so the
+  draft starts as the baseline). Slot 0 (the anchor) keeps its token's embedding; RoPE unchanged.
+* recurrent head: markov_head_type "rnn" (`MarkovHead`): a state carried across the block's
+  slots, stepped by `sequential_drafts` in serving as in training.
+
 This is exactly what `proposer.DSparkProposer` + `vllm_model.SpecxDSparkForCausalLM` compute inside
 vLLM; both use `MarkovHead` and `sequential_drafts` from here, so the head and the left-to-right
 draft loop are written once.
@@ -171,6 +189,34 @@ def initial_state(head: MarkovHead, cfg: DSparkDraftConfig, anchor_ids: torch.Te
     return None
 
 
+def tap_contributions(taps: torch.Tensor, fc_weight: torch.Tensor, n_taps: int) -> torch.Tensor:
+    """Per-tap parts of the fused context: taps [..., n_taps * Ht], fc_weight [H, n_taps * Ht]
+    -> c [..., n_taps, H] with c_t = W_t tap_t, so sum_t c_t = fc(taps)."""
+    x = taps.unflatten(-1, (n_taps, -1))
+    w = fc_weight.to(x.dtype).unflatten(1, (n_taps, -1))  # [H, n, Ht]
+    return torch.einsum("...th,dth->...td", x, w)
+
+
+def layer_mixtures(fusion_logits: torch.Tensor) -> torch.Tensor:
+    """[L, n_taps] logits -> weights n_taps * softmax over taps (all 1 at zero logits)."""
+    return fusion_logits.shape[-1] * torch.softmax(fusion_logits.float(), -1)
+
+
+def layer_contexts(contributions: torch.Tensor, fusion_logits: torch.Tensor) -> torch.Tensor:
+    """Per-layer fused contexts before hidden_norm: contributions [..., n_taps, H] ->
+    [L, ..., H], layer l's = sum_t w_{l,t} c_t."""
+    w = layer_mixtures(fusion_logits).to(contributions.dtype)
+    return torch.einsum("lt,...td->l...d", w, contributions)
+
+
+def with_slot_queries(embeds: torch.Tensor, table: torch.Tensor, slots: int) -> torch.Tensor:
+    """embeds [..., S, H] of consecutive blocks of `slots` query slots -> slot j >= 1 of every
+    block replaced by table[j - 1] (table [block_size - 1, H]); slot 0 kept."""
+    j = torch.arange(embeds.shape[-2], device=embeds.device) % slots
+    rows = table[(j - 1).clamp(min=0)].to(embeds.dtype)  # [S, H]
+    return torch.where((j >= 1)[:, None], rows, embeds)
+
+
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(-1), None
 
@@ -193,25 +239,41 @@ class DSparkDraft(nn.Module):
         if cfg.confidence_head is not None:
             self.confidence_head = ConfidenceHead(h + (cfg.markov_rank if cfg.confidence_head ==
                                                        "hidden+markov" else 0))
+        if cfg.per_layer_fusion:  # zero: every layer an equal mixture = the baseline's context
+            self.fusion_logits = nn.Parameter(torch.zeros(cfg.num_hidden_layers, len(cfg.target_layer_ids)))
+        if cfg.slot_queries:  # every row the mask embedding: the baseline's query slots
+            self.slot_queries = nn.Parameter(self.embed[cfg.mask_token_id].float().repeat(cfg.block_size - 1, 1))
 
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
         """The vanilla head's bias `W2 W1[prev]` (other head types: `markov_head.step`)."""
         return self.markov_head(prev)
 
-    def block_states(self, taps, ctx_pos, ids, pos, mask):
+    def contexts(self, taps: torch.Tensor) -> list[torch.Tensor]:
+        """Each draft layer's normed context [..., H] from taps [..., n_taps * Ht]: hn(fc(taps))
+        for every layer, or per layer hn(sum_t w_{l,t} c_t) with per_layer_fusion."""
+        if not self.cfg.per_layer_fusion:
+            return [self.hidden_norm(self.fc(taps))] * self.cfg.num_hidden_layers
+        c = tap_contributions(taps, self.fc.weight, len(self.cfg.target_layer_ids))
+        return [self.hidden_norm(x) for x in layer_contexts(c, self.fusion_logits)]
+
+    def slot_embeds(self, ids: torch.Tensor, slots: int) -> torch.Tensor:
+        """Embeddings [B, Q, H] of query ids [B, Q] laid out as blocks of `slots` slots."""
+        h = self.embed[ids]
+        return with_slot_queries(h, self.slot_queries, slots) if self.cfg.slot_queries else h
+
+    def block_states(self, taps, ctx_pos, ids, pos, mask, slots: int):
         """Post-norm hidden states of the query slots.
 
         Args:
             taps: [B, T, n_taps * Ht] target taps of the context rows.
             ctx_pos: [B, T] their positions.
-            ids, pos: [B, Q] query-slot token ids and positions.
+            ids, pos: [B, Q] query-slot token ids and positions, blocks of `slots` slots.
             mask: [B, Q, T + Q] bool, True where a query may attend (context keys, then slots).
         Returns:
             [B, Q, H].
         """
-        ctx = self.hidden_norm(self.fc(taps))
-        h = self.embed[ids]
-        for layer in self.layers:
+        h = self.slot_embeds(ids, slots)
+        for layer, ctx in zip(self.layers, self.contexts(taps)):
             k, v = layer.kv(ctx, ctx_pos)
             h = layer(h, pos, k, v, mask)
         return self.norm(h)
@@ -249,7 +311,7 @@ class DSparkDraft(nn.Module):
         ids[0, 0] = anchor
         pos = torch.arange(t, t + q)[None]
         mask = block_mask(torch.tensor([[t]]), t, q, self.cfg.causal, self.cfg.sliding_window)
-        return self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask)[0]
+        return self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask, q)[0]
 
     @torch.no_grad()
     def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:

@@ -50,16 +50,18 @@ class DSparkProposer(DFlashProposer):
         # Counters a test or a user can read through `LLM.collective_rpc`.
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
-                    "slots for %d drafts, %s Markov head of rank %d)", os.getpid(),
+                    "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
                     self.dspark.block_size, self.dspark.layout,
                     self.dspark.query_slots(self.num_speculative_tokens), self.num_speculative_tokens,
-                    self.dspark.markov_head_type, self.dspark.markov_rank)
+                    self.dspark.markov_head_type, self.dspark.markov_rank,
+                    ", ".join(self.dspark.recipe) or "baseline")
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, *args, **kwargs):
         self._anchor_ids = next_token_ids  # [batch] last verified token per request
         self.stats["propose_calls"] += 1
         n = self.num_speculative_tokens
         slots = max(self.dspark.query_slots(n), 1)
+        self.model.query_slots = slots  # per-slot learned queries are picked by slot index
         # vLLM builds 1 + num_speculative_tokens query slots per request; ask for `slots`.
         self.num_speculative_tokens = slots - _VLLM_SLOT_OFFSET
         try:

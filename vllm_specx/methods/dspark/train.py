@@ -31,11 +31,33 @@ import torch
 from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
+from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training.blocks import make_batch
 from vllm_specx.training.losses import DraftOutput
 
 
+# What a training record written before an argument existed meant by leaving it out (the
+# trainer's `--config` reads these for absent keys): the baseline, so old records re-run as they ran.
+RECORD_DEFAULTS = {"taps": "", "final_layer_tap": False, "per_layer_fusion": False,
+                   "slot_queries": False, "init_from": None}
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
+    """DSpark's flags; the full recipe is the default (`--no-final-layer-tap --no-per-layer-fusion
+    --no-slot-queries --markov-head-type vanilla` is the baseline)."""
+    on_off = argparse.BooleanOptionalAction
+    ap.add_argument("--taps", default="",
+                    help="the draft's taps among the data's, e.g. 1,4,6 (default: the data's taps "
+                         "except the target's last layer, which --final-layer-tap adds)")
+    ap.add_argument("--final-layer-tap", action=on_off, default=True,
+                    help="recipe: the target's final residual (its last layer; in the data) as one more tap")
+    ap.add_argument("--per-layer-fusion", action=on_off, default=True,
+                    help="recipe: each draft layer its own softmax mixture of the per-tap contexts")
+    ap.add_argument("--slot-queries", action=on_off, default=True,
+                    help="recipe: a learned starting embedding per query slot")
+    ap.add_argument("--init-from", default=None,
+                    help="warm start from a DSpark checkpoint (ours or speculators'; e.g. a baseline "
+                         "head): shared tensors copied, new ones initialised as the recipe says")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--anchors", type=int, default=24, help="blocks per sequence")
     ap.add_argument("--block-size", type=int, default=8)
@@ -43,7 +65,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--mask-token-id", type=int, default=None,
                     help="default: the target tokenizer's <|mask|>")
-    ap.add_argument("--markov-head-type", default="vanilla", choices=["vanilla", "gated", "rnn"])
+    ap.add_argument("--markov-head-type", default="rnn", choices=["vanilla", "gated", "rnn"],
+                    help="rnn (the recipe's recurrent head), or vanilla (the baseline) / gated")
     ap.add_argument("--layout", default="anchor", choices=["anchor", "fill-in"],
                     help="anchor: a block of B slots drafts B tokens; fill-in: DFlash's, B - 1")
     ap.add_argument("--causal", action="store_true", help="causal attention inside the block")
@@ -61,24 +84,60 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         if args.mask_token_id is None:
             raise SystemExit(f"--target {args.target}: its tokenizer has no <|mask|> or mask token; pass "
                              "--mask-token-id (any id whose target embedding the mask slots start from)")
+    tc = target.config.to_dict()
+    taps = draft_taps(args, list(data_meta["taps"]), int(tc["num_hidden_layers"]))
     cfg = DSparkDraftConfig.for_target(
-        target.config.to_dict(), target_layer_ids=tuple(data_meta["taps"]), num_hidden_layers=args.layers,
+        tc, target_layer_ids=taps, num_hidden_layers=args.layers,
         block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank,
         sample_from_anchor=getattr(args, "layout", "anchor") == "anchor", causal=getattr(args, "causal", False),
         markov_head_type=getattr(args, "markov_head_type", "vanilla"),
-        sliding_window=getattr(args, "sliding_window", None))
+        sliding_window=getattr(args, "sliding_window", None),
+        final_layer_tap=args.final_layer_tap, per_layer_fusion=args.per_layer_fusion,
+        slot_queries=args.slot_queries)
     draft = DSparkDraft(cfg, embed, lm_head)
     for name, p in draft.named_parameters():
-        if p.dim() > 1:
+        if p.dim() > 1 and name not in ("slot_queries", "fusion_logits"):  # those start at the baseline
             torch.nn.init.normal_(p, std=0.02)
     torch.nn.init.zeros_(draft.markov_head.markov_w2.weight)  # start as pure DFlash logits
+    try:
+        init_final_tap(draft, target.name_or_path)
+        if args.init_from:
+            warm_start(draft, args.init_from)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--init-from {args.init_from}: {e}" if args.init_from else str(e)) from None
+    draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
+
+
+def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:
+    """The draft's taps (ascending) from `--taps` / `--final-layer-tap` and the data's taps."""
+    last = num_layers - 1
+    if args.taps.strip():
+        try:
+            taps = [int(x) for x in args.taps.split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit(f"--taps {args.taps!r}: expected comma-separated layer numbers") from None
+    else:
+        taps = [t for t in data_taps if t != last]
+    if args.final_layer_tap:
+        taps = [t for t in taps if t != last] + [last]
+    missing = [t for t in taps if t not in data_taps]
+    if missing:
+        hint = (f" (--final-layer-tap needs the target's last layer {last}: make the data with "
+                f"`vllm-specx gen-data ... --taps ...,{last}`, or pass --no-final-layer-tap)"
+                if last in missing else "")
+        raise SystemExit(f"--data: its taps {data_taps} lack layer(s) {missing}{hint}")
+    return tuple(sorted(taps))
 
 
 def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args) -> dict:
     c = draft.cfg
     b = make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
                    q=c.block_size)
+    slices = getattr(draft, "tap_slices", None)
+    ht = c.target_hidden_size
+    if slices is not None and slices != list(range(b["taps"].shape[-1] // ht)):
+        b["taps"] = torch.cat([b["taps"][..., i * ht:(i + 1) * ht] for i in slices], -1)
     b["chain_tokens"] = getattr(args, "chain_tokens", "target")
     return b
 
@@ -89,7 +148,7 @@ def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
     m, n = b["targets"].shape[1:]
     q = b["pos"].shape[1] // m
     mask = block_mask(b["anchors"], s, q, draft.cfg.causal, draft.cfg.sliding_window)
-    h = draft.block_states(b["taps"], torch.arange(s).expand(bsz, s), b["block_ids"], b["pos"], mask)
+    h = draft.block_states(b["taps"], torch.arange(s).expand(bsz, s), b["block_ids"], b["pos"], mask, q)
     h = h.view(bsz, m, q, -1)
     o = draft.cfg.slot_offset
     slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}

@@ -4,9 +4,13 @@ The backbone (tap fusion `fc`, context K/V projected from the fused taps into ev
 cache, one non-causal pass over the query block) is vLLM's `DFlashQwen3ForCausalLM`, used as is.
 This class adds what makes it DSpark: the Markov head (`model.MarkovHead`: vanilla, gated or
 rnn), the logit correction that depends on the previously sampled token, which `DSparkProposer`
-applies left to right, and the confidence head when the checkpoint has one (loaded, not used to
-draft). Both heads are the modules of `model.py`, the PyTorch reference, so both load the same
-tensors under the same names; tests check the two models agree token for token.
+applies left to right, the confidence head when the checkpoint has one (loaded, not used to
+draft), and the full recipe's per-layer tap fusion (each layer's context K/V from its own mixture
+of the fc's per-tap parts, `model.layer_contexts`) and per-slot learned queries
+(`model.with_slot_queries`). The final-layer tap needs nothing here: vLLM captures the target's
+aux hidden state L (after its last layer, before the final norm) like any other. The heads and
+formulas are those of `model.py`, the PyTorch reference, so both load the same tensors under the
+same names; tests check the two models agree token for token.
 
 Imported only inside vLLM processes (it imports vLLM; the internals it uses are listed in this
 method's `vllm_internals`).
@@ -20,9 +24,18 @@ import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm_specx import registry
-from vllm_specx.methods.dspark.model import ConfidenceHead, MarkovHead, head_stepper, initial_state
+from vllm_specx.layers import rms_norm
+from vllm_specx.methods.dspark.model import (
+    ConfidenceHead,
+    MarkovHead,
+    head_stepper,
+    initial_state,
+    layer_contexts,
+    tap_contributions,
+    with_slot_queries,
+)
 
-_OURS = ("markov_head.", "confidence_head.")
+_OURS = ("markov_head.", "confidence_head.", "fusion_logits", "slot_queries")
 
 
 def grouped_rms_norm_ok() -> bool:
@@ -48,6 +61,20 @@ def _normalize_context_k_per_layer(model, all_k: torch.Tensor) -> torch.Tensor:
     return (x * model._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
 
 
+def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: int):
+    """`DFlashQwen3Model._project_context_kv` for per-layer contexts [L, num_ctx, H] (before
+    hidden_norm): layer l's K/V come from hn(contexts[l]) -> ([L, num_ctx, nkv, hd] K, V)."""
+    normed = rms_norm(contexts, model.hidden_norm.weight, model.hidden_norm.variance_epsilon)
+    normed = normed.to(contexts.dtype)
+    kv = []
+    for layer, x in zip(model.layers, normed):
+        attn = layer.self_attn
+        qkv, _ = attn.qkv_proj(x)
+        kv.append(qkv[:, attn.q_size:].view(x.shape[0], 2, nkv, hd))
+    all_kv = torch.stack(kv, 0).permute(2, 0, 1, 3, 4).contiguous()  # [2, L, num_ctx, nkv, hd]
+    return all_kv[0], all_kv[1]
+
+
 class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -62,6 +89,63 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         if cfg.confidence_head is not None:  # loaded for adaptive drafting; drafting does not read it
             width = cfg.hidden_size + (cfg.markov_rank if cfg.confidence_head == "hidden+markov" else 0)
             self.confidence_head = ConfidenceHead(width).to(dtype).requires_grad_(False)
+        if cfg.per_layer_fusion:
+            self.fusion_logits = torch.nn.Parameter(
+                torch.zeros(cfg.num_hidden_layers, len(cfg.target_layer_ids), dtype=dtype), requires_grad=False)
+            self._context_taps = None  # (fused context, raw taps) of the pass being drafted
+            self._active_taps = None
+            self._install_per_layer_projection()
+        if cfg.slot_queries:
+            self.slot_queries = torch.nn.Parameter(
+                torch.zeros(cfg.block_size - 1, cfg.hidden_size, dtype=dtype), requires_grad=False)
+        # Query slots per request in a pass; DSparkProposer sets it before every draft forward.
+        self.query_slots = cfg.query_slots(vllm_config.speculative_config.num_speculative_tokens)
+
+    # ---- per-layer tap fusion --------------------------------------------------------------
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """vLLM's fc fusion (the runner checks its width); with per_layer_fusion the raw taps are
+        kept for `precompute_and_store_context_kv`, which builds each layer's own context."""
+        fused = super().combine_hidden_states(hidden_states)
+        if self.dspark.per_layer_fusion:
+            self._context_taps = (fused, hidden_states)
+        return fused
+
+    def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
+        if not self.dspark.per_layer_fusion:
+            return super().precompute_and_store_context_kv(context_states, context_positions,
+                                                           context_slot_mapping)
+        pending, self._context_taps = self._context_taps, None
+        if pending is not None and pending[0] is context_states:
+            self._active_taps = pending[1]
+        elif context_slot_mapping is not None:  # a real pass whose taps we did not see: refuse
+            raise RuntimeError("vllm-specx DSpark per_layer_fusion: context states reached the draft "
+                               "without passing combine_hidden_states; cannot build per-layer contexts")
+        try:  # without taps (vLLM's dummy run: nothing is written) vLLM's shared projection runs
+            return super().precompute_and_store_context_kv(context_states, context_positions,
+                                                           context_slot_mapping)
+        finally:
+            self._active_taps = None
+
+    def _install_per_layer_projection(self):
+        model, shared = self.model, self.model._project_context_kv
+        n_taps = len(self.dspark.target_layer_ids)
+
+        def project(context_states, num_ctx, num_layers, num_kv_heads, head_dim):
+            taps = self._active_taps
+            if taps is None:
+                return shared(context_states, num_ctx, num_layers, num_kv_heads, head_dim)
+            c = tap_contributions(taps.to(context_states.dtype), self._fc_taps_weight, n_taps)
+            return _project_context_kv_per_layer(model, layer_contexts(c, self.fusion_logits),
+                                                 num_kv_heads, head_dim)
+        model._project_context_kv = project
+
+    # ---- per-slot learned queries ----------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        if self.dspark.slot_queries and inputs_embeds is None:
+            inputs_embeds = with_slot_queries(self.model.embed_input_ids(input_ids), self.slot_queries,
+                                              self.query_slots)
+        return super().forward(input_ids, positions, inputs_embeds)
 
     def markov_stepper(self, slot_hidden: torch.Tensor):
         """`markov_step` for `model.sequential_drafts` over the sample slots' post-norm states
@@ -72,10 +156,12 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         return initial_state(self.markov_head, self.dspark, anchor_ids, slot0)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        params = {prefix + n: p for prefix in _OURS if hasattr(self, prefix[:-1])
-                  for n, p in getattr(self, prefix[:-1]).named_parameters()}
+        params = {n: p for n, p in self.named_parameters() if n.startswith(_OURS)}
         rest, seen = [], set()
         for name, w in weights:
+            if name == "fc.weight" and self.dspark.per_layer_fusion:
+                # vLLM's CPU GEMM may repack fc.weight after loading; the per-tap parts need it as is.
+                self._fc_taps_weight = w.detach().to(self.fusion_logits.device, self.fusion_logits.dtype).clone()
             if name.startswith(_OURS):
                 param = params.get(name)
                 if param is None:
