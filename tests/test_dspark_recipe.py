@@ -269,6 +269,15 @@ def test_the_trainer_defaults_to_the_full_recipe_starting_at_the_baseline(tmp_pa
     base = dspark_train.build(_Target(tmp_path), _trainer_args(
         layers=2, block_size=6, markov_rank=4, **BASELINE), {"taps": [0, 2, LAST]}, EMB, EMB)
     assert base.cfg.target_layer_ids == (0, 2) and base.cfg.recipe == [] and base.tap_slices == [0, 1]
+    # Training batches carry the draft's taps only, in its order, cut out of the data's.
+    import random
+    taps = torch.randn(40, 3 * 16)
+    sample = {"ids": torch.randint(4, 50, (40,)), "taps": taps, "prompt_len": 5}
+    args = _trainer_args(seq_len=32, anchors=2)
+    for head, cols in ((d, taps), (base, taps[:, :32])):
+        b = dspark_train.batch(head, [sample], random.Random(0), 1, args)
+        assert b["taps"].shape[-1] == cols.shape[-1]
+        assert any(torch.equal(b["taps"][0, :8], cols[i:i + 8]) for i in range(33))
     with pytest.raises(SystemExit, match=r"lack layer\(s\) \[3\].*--final-layer-tap needs the target's last layer 3"):
         dspark_train.build(_Target(tmp_path), _trainer_args(layers=2, block_size=6, markov_rank=4),
                            {"taps": [0, 2]}, EMB, EMB)

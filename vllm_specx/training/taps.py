@@ -56,3 +56,9 @@ def target_taps(model, token_ids: torch.Tensor, layer_ids: tuple[int, ...], topk
         logp = torch.log_softmax(model.lm_head(row).float(), -1)
         top.append(logp.topk(topk, -1))
     return taps, (torch.stack([t.values for t in top]), torch.stack([t.indices for t in top]))
+
+
+def select_taps(taps: torch.Tensor, indices: list[int], hidden: int) -> torch.Tensor:
+    """Some of the data's taps, in the given order: taps [..., n * hidden] (the data's tap order)
+    -> [..., len(indices) * hidden], block j = the data's tap `indices[j]`."""
+    return torch.cat([taps[..., i * hidden:(i + 1) * hidden] for i in indices], -1)

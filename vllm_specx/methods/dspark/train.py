@@ -34,6 +34,7 @@ from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training.blocks import make_batch
 from vllm_specx.training.losses import DraftOutput
+from vllm_specx.training.taps import select_taps
 
 
 # What a training record written before an argument existed meant by leaving it out (the
@@ -134,10 +135,9 @@ def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int
     c = draft.cfg
     b = make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
                    q=c.block_size)
-    slices = getattr(draft, "tap_slices", None)
-    ht = c.target_hidden_size
+    slices, ht = getattr(draft, "tap_slices", None), c.target_hidden_size
     if slices is not None and slices != list(range(b["taps"].shape[-1] // ht)):
-        b["taps"] = torch.cat([b["taps"][..., i * ht:(i + 1) * ht] for i in slices], -1)
+        b["taps"] = select_taps(b["taps"], slices, ht)
     b["chain_tokens"] = getattr(args, "chain_tokens", "target")
     return b
 

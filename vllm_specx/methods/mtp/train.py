@@ -31,6 +31,7 @@ from vllm_specx.methods.mtp.config import MTPDraftConfig
 from vllm_specx.methods.mtp.model import MTPDraft, final_hidden
 from vllm_specx.training.blocks import add_chain_args, make_batch
 from vllm_specx.training.losses import DraftOutput
+from vllm_specx.training.taps import select_taps
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -90,7 +91,7 @@ def batch(draft: MTPDraft, samples, rng: random.Random, size: int, args) -> dict
     h = draft.cfg.hidden_size
     taps = b.pop("taps")
     if draft.cfg.fusion_layer_ids:  # K3: the fused layers' residual streams, in order
-        b["hidden"] = torch.cat([taps[..., i * h:(i + 1) * h] for i in draft.tap_slices], -1)
+        b["hidden"] = select_taps(taps, draft.tap_slices, h)
     else:
         i = draft.tap_index
         b["hidden"] = final_hidden(draft.target_norm.cpu(), draft.target_norm_eps, taps[..., i * h:(i + 1) * h])
