@@ -19,8 +19,8 @@
 #   slot-queries  baseline + --slot-queries      (a learned starting query per slot)
 #   recurrent     baseline + --markov-head-type rnn (recurrent state across the block)
 #   full          all four (the trainer's defaults)
-# Writes benchmarks/results/e2e-<t>-dspark-ablation{,-humaneval}/ (results.json/.md, PNGs) and
-# copies each run's training record to its records/ folder.
+# Writes benchmarks/results/e2e-<t>-dspark-ablation{,-humaneval}/ (results.json/.md, PNGs), copies
+# each run's training record to its records/ folder, and the table + figure (ablation.md/.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VLLM_CPU_NUM_OF_RESERVED_CPU=0
@@ -69,3 +69,7 @@ for s in "${SETS[@]}"; do
     cp "$R/$T-recipe-$v/training.json" "$out/records/$v.training.json"
   done
 done
+DIRS=()
+for s in "${SETS[@]}"; do DIRS+=("benchmarks/results/${s#*:}"); done
+.venv/bin/python benchmarks/ablation_report.py --variants baseline,final-tap,fusion,slot-queries,recurrent,full \
+  --title "DSpark recipe ablation, $T (K 8, batch 16)" "${DIRS[@]}"
