@@ -23,8 +23,9 @@ def load(dirs: list[Path]) -> tuple[list[str], dict]:
         res = json.loads((d / "results.json").read_text())
         name = res["settings"]["prompts"]
         sets.append(name)
+        batch = max(x["batch_size"] for x in res["rows"])
         for r in res["rows"]:
-            if r["tau"] is not None and r["batch_size"] == max(x["batch_size"] for x in res["rows"]):
+            if r["tau"] is not None and r["batch_size"] == batch:
                 rows[(r["provider"], name, r["temperature"])] = r
     return sets, rows
 

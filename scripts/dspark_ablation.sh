@@ -43,6 +43,7 @@ case "$T" in
   *) echo "usage: $0 [ref|smollm2] [train]" >&2; exit 2 ;;
 esac
 BASE="--no-final-layer-tap --no-per-layer-fusion --no-slot-queries --markov-head-type vanilla"
+VARIANTS=(baseline final-tap fusion slot-queries recurrent full)  # baseline first, full recipe last
 if [[ "${2:-}" == "train" ]]; then
   $SPECX $DATA
   $SPECX train $C $BASE --out $R/$T-recipe-baseline &
@@ -56,7 +57,7 @@ if [[ "${2:-}" == "train" ]]; then
   wait
 fi
 P=()
-for v in baseline final-tap fusion slot-queries recurrent full; do
+for v in "${VARIANTS[@]}"; do
   P+=(--method "$v=$R/$T-recipe-$v@probabilistic")
 done
 for s in "${SETS[@]}"; do
@@ -65,11 +66,11 @@ for s in "${SETS[@]}"; do
     --method no-spec --method "eagle3-prob=$EAGLE@probabilistic" "${P[@]}" \
     --title "DSpark recipe ablation, $T x ${s%%:*} (K 8)" --out "$out"
   mkdir -p "$out/records"
-  for v in baseline final-tap fusion slot-queries recurrent full; do
+  for v in "${VARIANTS[@]}"; do
     cp "$R/$T-recipe-$v/training.json" "$out/records/$v.training.json"
   done
 done
 DIRS=()
 for s in "${SETS[@]}"; do DIRS+=("benchmarks/results/${s#*:}"); done
-.venv/bin/python benchmarks/ablation_report.py --variants baseline,final-tap,fusion,slot-queries,recurrent,full \
+.venv/bin/python benchmarks/ablation_report.py --variants "$(IFS=,; echo "${VARIANTS[*]}")" \
   --title "DSpark recipe ablation, $T (K 8, batch 16)" "${DIRS[@]}"
