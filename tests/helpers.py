@@ -286,3 +286,8 @@ def write_random_mtp_for(target_config: dict, path, kv_share: bool = True, seed:
     write_config_json(path, config_json(cfg))
     save_tensors(path, tensors)
     return str(path)
+
+
+def seeded_rewinds(worker) -> int:
+    """Discarded seeded rows whose CPU generator the plugin restored (`repair-cpu-seeded-*`)."""
+    return int(getattr(worker.model_runner, "specx_seeded_rewinds", 0) or 0)

@@ -132,7 +132,7 @@ def _imports_of(src: Path) -> set[str]:
 # The tools that run on the source checkout's reference target and prompt files (the data command
 # takes prompt sets by name); nothing in the serving path, the trainer or the CLI's own module
 # imports assets.
-ASSET_TOOLS = ("assets.py", "bench.py", "training/data.py")
+ASSET_TOOLS = ("assets.py", "bench.py", "load_bench.py", "training/data.py")
 
 
 def test_the_package_imports_no_test_helpers_and_no_assets():

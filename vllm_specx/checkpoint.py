@@ -8,6 +8,8 @@ built, so a bad checkpoint fails in seconds with the file and tensor named.
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,41 +18,178 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 
+# Tensor dtypes a draft checkpoint may store (safetensors' names): vLLM casts them to the engine's
+# dtype. Anything else (integers, booleans, float8 without scales) would be cast silently into
+# numbers the draft was never trained with, or refused deep inside a worker.
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# The NaN/inf scan reads a tensor in slices of rows of about this many elements (never a full copy).
+_FINITE_CHUNK_ELEMENTS = 1 << 24
+_MAX_HEADER_BYTES = 100_000_000  # safetensors refuses longer headers
+
+
+def _readable(path: Path, what: str, listable: bool = False) -> None:
+    """ValueError naming `path` when this process may not read it (a folder: also list it)."""
+    mode = os.R_OK | (os.X_OK if listable else 0)
+    if not os.access(path, mode):
+        raise ValueError(f"{what} {path}: permission denied (this process cannot "
+                         f"{'list' if listable else 'read'} it)")
+
+
+def looks_local(model: str) -> bool:
+    """Whether a speculative config's `model` names a local path rather than a Hugging Face repo
+    id ("name" or "org/name"): it exists, is absolute or relative to ./ ../ ~, or has more parts
+    than a repo id can."""
+    text = str(model)
+    if os.path.lexists(text) or text.startswith(("/", "./", "../", "~", ".\\")) or "\\" in text:
+        return True
+    return text.count("/") > 1
+
+
+def check_draft_dir(path: str | Path, field: str = "speculative_config model") -> None:
+    """ValueError naming the path (and `field`, where it came from) unless `path` is a readable
+    directory with a readable config.json: the checks vLLM would otherwise fail with "Invalid
+    repository ID or local directory", which names neither the file nor the cause."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ValueError(f"{field} {str(path)!r}: no such directory (a draft checkpoint is a "
+                         f"directory with config.json and *.safetensors)")
+    if not p.is_dir():
+        hint = f"; did you mean its folder {str(p.parent)!r}?" if (p.parent / "config.json").is_file() else ""
+        raise ValueError(f"{field} {str(path)!r} is a file, not a directory (a draft checkpoint is a "
+                         f"directory with config.json and *.safetensors){hint}")
+    _readable(p, "draft checkpoint", listable=True)
+    config = p / "config.json"
+    if not config.is_file():
+        raise ValueError(f"draft checkpoint {path}: no config.json")
+    _readable(config, "draft config", listable=False)
+
+
 def safetensors_files(path: str | Path) -> list[Path]:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise ValueError(f"draft checkpoint {path}: no *.safetensors file")
+    for file in files:
+        if not file.is_file():
+            raise ValueError(f"draft checkpoint {path}: {file.name} is not a file")
+        _readable(file, "safetensors file")
     return files
+
+
+def _why_unreadable(file: Path) -> str | None:
+    """A precise reason a safetensors file cannot be parsed (truncated, bad header), or None."""
+    size = file.stat().st_size
+    if size < 8:
+        return f"truncated: {size} bytes, shorter than the 8-byte header length"
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > _MAX_HEADER_BYTES or f.read(1) not in (b"{", b""):
+            return "not a safetensors file (its first 8 bytes are not the length of a JSON header)"
+        f.seek(8)
+        if 8 + n > size:
+            return f"truncated: {size} bytes, but its header alone declares {8 + n}"
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                      default=0)
+        except Exception:
+            return "corrupt header (not a safetensors JSON header)"
+    if 8 + n + end > size:
+        return f"truncated: {size} bytes, but its header declares {8 + n + end}"
+    return None
+
+
+def read_header(path: str | Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+    """Tensor name -> (safetensors dtype, shape, file) over every safetensors file in `path`
+    (headers only); ValueError naming the file for an unreadable, truncated or corrupt file, and
+    the tensor for one stored in two files."""
+    out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
+    for file in safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                entries = {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))
+                           for name in f.keys()}
+        except Exception as e:  # safetensors raises its own error types for bad headers
+            why = _why_unreadable(file) or (str(e).splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"corrupt safetensors file {file}: {why}") from e
+        for name, (dtype, shape) in entries.items():
+            if name in out:
+                raise ValueError(f"draft checkpoint {path}: tensor '{name}' is stored twice, in "
+                                 f"{out[name][2].name} and {file.name}")
+            out[name] = (dtype, shape, file)
+    return out
 
 
 def read_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape over every safetensors file in `path` (headers only)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in safetensors_files(path):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        except Exception as e:  # safetensors raises its own error types for bad headers
-            raise ValueError(f"corrupt safetensors file {file}: {e}") from e
-    return shapes
+    return {name: shape for name, (_, shape, _) in read_header(path).items()}
 
 
-def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]]) -> None:
-    """Raise ValueError naming the file and tensor on a missing tensor or a wrong shape."""
-    shapes = read_shapes(path)
-    missing = [n for n in expected if n not in shapes]
-    if missing:
-        raise ValueError(
-            f"draft checkpoint {path}: missing tensor(s) {missing[:5]}"
-            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        )
-    for name, shape in expected.items():
-        if shapes[name] != shape:
+def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]] | None,
+                  values: bool = True) -> None:
+    """Raise ValueError naming the file and tensor on a missing or unexpected tensor, a wrong
+    shape, a dtype that is not floating point, or (`values`) a NaN or infinite value.
+
+    `expected` None: the tensor names and shapes are not known here (a draft served by vLLM's own
+    method); only the dtypes and values are checked.
+    """
+    header = read_header(path)
+    if expected is not None:
+        missing = [n for n in expected if n not in header]
+        if missing:
             raise ValueError(
-                f"draft checkpoint {path}: tensor '{name}' has shape {list(shapes[name])}, "
-                f"expected {list(shape)} from config.json"
+                f"draft checkpoint {path}: missing tensor(s) {missing[:5]}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             )
+        extra = sorted(n for n in header if n not in expected)
+        if extra:
+            raise ValueError(
+                f"draft checkpoint {path}: unexpected tensor(s) {extra[:5]}"
+                + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+                + f" in {header[extra[0]][2].name}: config.json does not use them, and a tensor the "
+                  "draft would not load is refused rather than ignored")
+        for name, shape in expected.items():
+            if header[name][1] != shape:
+                raise ValueError(
+                    f"draft checkpoint {path}: tensor '{name}' has shape {list(header[name][1])}, "
+                    f"expected {list(shape)} from config.json"
+                )
+    for name, (dtype, _, file) in header.items():
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"draft checkpoint {path}: tensor '{name}' in {file.name} has dtype "
+                             f"{dtype}; draft weights must be floating point ({', '.join(FLOAT_DTYPES)})")
+    if values:
+        check_finite(path, header)
+
+
+def check_finite(path: str | Path, header=None) -> None:
+    """ValueError naming the tensor and file when a weight is NaN or infinite (every tensor is
+    streamed once from the memory-mapped file, in slices of rows: O(checkpoint size), no full copy)."""
+    header = read_header(path) if header is None else header
+    by_file: dict[Path, list[str]] = {}
+    for name, (_, _, file) in header.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                sl = f.get_slice(name)
+                shape = tuple(sl.get_shape())
+                if not shape:
+                    chunks = iter([f.get_tensor(name)])
+                else:
+                    step = max(1, _FINITE_CHUNK_ELEMENTS // max(1, math.prod(shape[1:])))
+                    chunks = (sl[i:i + step] for i in range(0, shape[0], step))
+                nan = bad = 0
+                for t in chunks:
+                    if not t.is_floating_point():
+                        break
+                    if not bool(torch.isfinite(t).all()):
+                        nan += int(torch.isnan(t).sum())
+                        bad += int((~torch.isfinite(t)).sum())
+                if bad:
+                    raise ValueError(
+                        f"draft checkpoint {path}: tensor '{name}' in {file} has {nan} NaN and "
+                        f"{bad - nan} infinite value(s) of {math.prod(shape)}; non-finite weights "
+                        f"are refused at load")
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -73,10 +212,14 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     file = Path(path) / "config.json"
     if not file.is_file():
         raise ValueError(f"draft checkpoint {path}: no config.json")
+    _readable(file, "draft config")
     try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{file}: invalid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: invalid config (a JSON object expected, got {type(raw).__name__})")
+    return raw
 
 
 def write_config_json(path: str | Path, config: dict[str, Any]) -> None:

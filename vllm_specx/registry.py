@@ -21,7 +21,12 @@ read from disk) and provides:
   field when the draft cannot serve the target (`target` as `target_dims` returns it);
 * `expected_tensors() -> dict[str, tuple[int, ...]]` - checkpoint tensor names and shapes;
 * `to_dict() -> dict` - JSON-able fields, `config_cls(**to_dict())` rebuilds it;
-* `summary() -> str` - one line for `vllm-specx check`.
+* `summary() -> str` - one line for `vllm-specx check`;
+* optionally `max_drafts_source: str` - where `max_drafts` comes from, for messages (the field).
+
+Every check that can run before an engine starts is in `check_draft` (config against target,
+drafts per pass, tensor names, shapes, dtypes and values); the route runs it while vLLM builds the
+speculative config, and for the baselines vLLM serves itself it runs `Baseline.check_draft`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from vllm_specx.checkpoint import check_tensors, read_config_json
 ENTRY_POINT_GROUP = "vllm_specx.methods"
 # The target fields every draft is checked against (its HF text config).
 TARGET_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
+# The most drafts per pass vLLM verifies: its rejection sampler's MAX_SPEC_LEN (it asserts this in
+# the worker, on the first speculative step; a test checks the value against the installed vLLM).
+MAX_DRAFTS_PER_PASS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +119,16 @@ class Baseline:
         vllm_method: the speculative-config `method` vLLM serves the trained draft with.
         trainer: module with the trainer hooks (as `Method.trainer`).
         description: one line for `vllm-specx methods`.
+        check_draft: `check_draft(path, target, num_speculative_tokens)`: every check of a local
+            draft directory that can run before vLLM's engine starts (`target` as `target_dims`
+            returns it); ValueError naming the field or file. None: no checks beyond the files'.
     """
 
     name: str
     vllm_method: str
     trainer: str
     description: str = ""
+    check_draft: Callable[[str, dict, int | None], None] | None = None
 
 
 _METHODS: dict[str, Method] = {}
@@ -241,10 +253,44 @@ def target_dims(text_config) -> dict[str, Any]:
     return {k: getattr(text_config, k) for k in TARGET_FIELDS}
 
 
+def draft_methods() -> set[str]:
+    """The speculative-config `method`s whose drafts vllm-specx checks before an engine starts:
+    every registered method and the vLLM method of every baseline."""
+    return set(methods()) | {b.vllm_method for b in baselines().values()}
+
+
+def baseline_for(vllm_method: str | None) -> Baseline | None:
+    """The baseline vLLM serves with `vllm_method` that has draft checks, or None."""
+    found = [b for b in baselines().values() if b.vllm_method == vllm_method and b.check_draft]
+    return found[0] if found else None
+
+
+def check_num_drafts(cfg, path: str | Path, num_speculative_tokens: int | None) -> None:
+    """ValueError naming the field when a pass would draft more tokens than vLLM verifies: the
+    requested `num_speculative_tokens`, or (none requested) the draft's default, `max_drafts`."""
+    k = cfg.max_drafts if num_speculative_tokens is None else num_speculative_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
+    if k <= MAX_DRAFTS_PER_PASS:
+        return
+    if num_speculative_tokens is not None:
+        raise ValueError(f"num_speculative_tokens {k} is beyond vLLM's limit of "
+                         f"{MAX_DRAFTS_PER_PASS} drafts per pass (its rejection sampler's MAX_SPEC_LEN)")
+    source = getattr(cfg, "max_drafts_source", "the draft's default")
+    raise ValueError(f"draft {path}: {source} gives {k} drafts per pass by default, beyond vLLM's "
+                     f"limit of {MAX_DRAFTS_PER_PASS} (its rejection sampler's MAX_SPEC_LEN); set "
+                     f"num_speculative_tokens <= {MAX_DRAFTS_PER_PASS}")
+
+
 def check_draft(method: Method, cfg, path: str | Path, target: dict[str, Any],
                 num_speculative_tokens: int | None) -> None:
-    """Every check that can run before an engine starts: config vs target, then the tensors."""
-    cfg.check_target(target, num_speculative_tokens)
+    """Every check that can run before an engine starts: config vs target, drafts per pass, then
+    the tensors (names, shapes, dtypes, and NaN / inf values)."""
+    try:
+        cfg.check_target(target, num_speculative_tokens)
+    except ValueError as e:
+        raise ValueError(f"draft {path}: {e}") from e
+    check_num_drafts(cfg, path, num_speculative_tokens)
     check_tensors(path, cfg.expected_tensors())
 
 

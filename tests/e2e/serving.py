@@ -1,61 +1,53 @@
-"""A real `vllm serve` subprocess for end-to-end tests: started, waited for, stopped."""
+"""A real `vllm serve` subprocess for end-to-end tests: started, waited for, stopped
+(`vllm_specx.loadgen.vllm_serve`, with a failed start turned into a test failure)."""
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from vllm_specx.loadgen import ServerExited, free_port, http_get, http_post, spawn_vllm_serve  # noqa: F401
+from vllm_specx.loadgen import vllm_serve as _vllm_serve
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str, timeout=10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
-def post(url: str, body: dict, timeout=120) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+get, post = http_get, http_post
 
 
 @contextlib.contextmanager
 def vllm_serve(model, args: list[str], log: Path, timeout: float = 300):
     """`vllm serve model *args` on a free port; yields the base URL once /health answers."""
-    port = free_port()
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(model), "--host", "127.0.0.1",
-           "--port", str(port), *args]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    cm = _vllm_serve(model, args, log, timeout)
     try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                get(base + "/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail(f"vllm serve not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
-                time.sleep(2)
+        base, _ = cm.__enter__()
+    except ServerExited as e:
+        pytest.fail(str(e))
+    try:
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
+        cm.__exit__(None, None, None)
+
+
+def expect_exit(proc: subprocess.Popen, base: str, log: Path, timeout: float = 120) -> tuple[int, str]:
+    """Wait for a `vllm serve` that must refuse to start: (exit code, its output) once it exits.
+    Fails the test when it answers /health (it started) or is still running after `timeout` s
+    (a hang); either way it is killed."""
+    deadline = time.time() + timeout
+    try:
+        while proc.poll() is None:
+            try:
+                get(base + "/health", timeout=1)
+                pytest.fail(f"vllm serve started although it should have refused:\n{log.read_text()[-3000:]}")
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"vllm serve still running after {timeout} s (should have exited):\n"
+                            f"{log.read_text()[-3000:]}")
+            time.sleep(1)
+        return proc.returncode, log.read_text()
+    finally:
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)

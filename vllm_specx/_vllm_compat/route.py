@@ -16,8 +16,20 @@ otherwise overwrite some of them silently):
 * internal - set by vLLM's engine, not by users;
 * refused - ValueError naming the option: it would be silently ignored (or lossy).
 
-A field this table does not know (a newer vLLM) is refused when set, never ignored. Unknown
-keys are refused by vLLM itself (`SpeculativeConfig` forbids extra fields).
+A field this table does not know (a newer vLLM) is refused when set, never ignored. Keys that
+are not fields at all, and a `num_speculative_tokens` below 1, are refused before vLLM's own
+validation by the `spec_fields` patch (one line naming them, instead of pydantic's report).
+
+Draft checks
+------------
+
+For every `method` vllm-specx checks (`registry.draft_methods()`: its registered methods and the
+vLLM methods of its baselines, e.g. `eagle3`) with a local `model` path, the route first checks
+the path (exists, is a readable directory with a readable config.json: vLLM would say "Invalid
+repository ID or local directory"); a routed draft then gets `registry.check_draft` (config
+against the target, drafts per pass, tensor names, shapes, dtypes, NaN / inf values), and a
+baseline's draft, which vLLM serves itself, its `Baseline.check_draft` after vLLM's post-init.
+Every such error is one line starting "vllm-specx:" and naming the field or file.
 
 ================================  ==========  ==================================================
 field                             verdict     note
@@ -76,6 +88,7 @@ from typing import Any
 
 from vllm_specx import registry
 from vllm_specx._vllm_compat import ProbeReached, logger, patch, probe, register_archs, resolve
+from vllm_specx.checkpoint import check_draft_dir, looks_local
 
 TARGET = "vllm.config.speculative:SpeculativeConfig.__post_init__"
 
@@ -179,7 +192,7 @@ def set_options(spec) -> dict[str, Any]:
 def check_options(spec, method: registry.Method) -> None:
     """ValueError naming the option for any set speculative-config option that a config routed to
     `method` cannot honour (see the module docstring)."""
-    where = f"vllm-specx method {method.name!r}"
+    where = f"vllm-specx: method {method.name!r}"
     table = option_table(method)
     for name, value in set_options(spec).items():
         verdict, why = table.get(name, (None, None))
@@ -218,6 +231,20 @@ _PROBE_CHOICE: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("sp
                                                                              default=None)
 
 
+def one_line(e: BaseException) -> ValueError:
+    """`e` as the one-line ValueError vllm-specx reports at config time ("vllm-specx: ...")."""
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return ValueError(msg if msg.startswith("vllm-specx") else f"vllm-specx: {msg}")
+
+
+def ours(fn, *args):
+    """`fn(*args)`, with its ValueError / OSError re-raised as one line prefixed "vllm-specx:"."""
+    try:
+        return fn(*args)
+    except (ValueError, OSError) as e:
+        raise one_line(e) from e
+
+
 def _choose(spec):
     forced = _PROBE_CHOICE.get()
     if forced is not None:
@@ -235,12 +262,23 @@ def _choose(spec):
        remove_when="vLLM has a registry for speculative methods / proposers")
 def speculative_post_init(orig):
     def __post_init__(self):
-        choice = _choose(self)
+        requested, model = self.method, self.model
+        checked = requested in registry.draft_methods() and bool(model) and looks_local(model)
+        if checked:  # vLLM would report a missing or bad path as "Invalid repository ID"
+            ours(check_draft_dir, model)
+        choice = ours(_choose, self)
         if choice is None:
-            return orig(self)
+            orig(self)
+            baseline = registry.baseline_for(requested) if checked else None
+            if baseline is not None:  # a draft vLLM serves itself: checked before any engine starts
+                target = self.target_model_config.hf_config.get_text_config()
+                ours(baseline.check_draft, model, registry.target_dims(target),
+                     self.num_speculative_tokens)
+            return
         method, cfg = choice
-        check_options(self, method)  # before vLLM's post-init rewrites some of them
+        ours(check_options, self, method)  # before vLLM's post-init rewrites some of them
         if self.num_speculative_tokens is None:
+            ours(registry.check_num_drafts, cfg, self.model, None)
             self.num_speculative_tokens = cfg.max_drafts
         self.method = method.internal(cfg)
         register_archs(method)  # before vLLM validates the draft's architecture (also for methods
@@ -254,7 +292,8 @@ def finish_route(spec, method: registry.Method, cfg) -> None:
     """Check the draft, point the draft config at the method's architecture, let the method
     mirror its fields into the keys vLLM reads, and store the config for the workers."""
     target = spec.target_model_config.hf_config.get_text_config()
-    registry.check_draft(method, cfg, spec.model, registry.target_dims(target), spec.num_speculative_tokens)
+    ours(registry.check_draft, method, cfg, spec.model, registry.target_dims(target),
+         spec.num_speculative_tokens)
     hf = spec.draft_model_config.hf_config
     hf.architectures = [method.arch]
     method.finish_hf(hf, cfg)

@@ -130,34 +130,34 @@ def _speculators_attention(layer: dict, raw: dict, where: str) -> tuple[bool, in
 
 def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkDraftConfig:
     """A config from a Qwen3 layer dict and the DSpark options; errors name `where`."""
-    def need(d: dict, key: str):
+    def need(d: dict, key: str) -> int:
         if d.get(key) is None:
             raise ValueError(f"{where}: missing required field '{key}'")
-        return d[key]
+        return _cast(d[key], key, int, where)
 
-    hidden = int(need(layer, "hidden_size"))
-    heads = int(need(layer, "num_attention_heads"))
+    hidden = need(layer, "hidden_size")
+    heads = need(layer, "num_attention_heads")
     if not taps:
         raise ValueError(f"{where}: missing required field 'target_layer_ids'")
-    vocab = int(need(layer, "vocab_size"))
+    vocab = need(layer, "vocab_size")
     try:
         return DSparkDraftConfig(
             source_format=fmt,
-            target_layer_ids=tuple(sorted(int(t) for t in taps)),
-            target_hidden_size=int(opts.get("target_hidden_size") or hidden),
+            target_layer_ids=_layer_ids(taps, where),
+            target_hidden_size=_cast(opts.get("target_hidden_size") or hidden, "target_hidden_size", int, where),
             hidden_size=hidden,
             vocab_size=vocab,
-            draft_vocab_size=int(opts.get("draft_vocab_size") or vocab),
-            num_hidden_layers=int(need(layer, "num_hidden_layers")),
+            draft_vocab_size=_cast(opts.get("draft_vocab_size") or vocab, "draft_vocab_size", int, where),
+            num_hidden_layers=need(layer, "num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
             head_dim=int(layer.get("head_dim") or hidden // heads),
-            intermediate_size=int(need(layer, "intermediate_size")),
+            intermediate_size=need(layer, "intermediate_size"),
             rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
             rope_theta=float(_rope_theta(layer)),
-            block_size=int(need(opts, "block_size")),
-            mask_token_id=int(need(opts, "mask_token_id")),
-            markov_rank=int(need(opts, "markov_rank")),
+            block_size=need(opts, "block_size"),
+            mask_token_id=need(opts, "mask_token_id"),
+            markov_rank=need(opts, "markov_rank"),
             sample_from_anchor=_flag(opts, "sample_from_anchor", True),
             causal=_flag(opts, "causal", False),
             markov_head_type=opts.get("markov_head_type") or "vanilla",
@@ -169,6 +169,25 @@ def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkD
         if str(e).startswith(where):
             raise
         raise ValueError(f"{where}: {e}") from e
+
+
+def _cast(value, key: str, cast, where: str):
+    """`cast(value)` for an integer field; ValueError naming `where` and `key` when it is not a
+    whole number (a bool, a fraction, text: int() would truncate or fail without naming it)."""
+    if cast is int and (isinstance(value, bool) or not isinstance(value, (int, float, str))
+                        or (isinstance(value, float) and not value.is_integer())):
+        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}")
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}") from None
+
+
+def _layer_ids(taps, where: str) -> tuple[int, ...]:
+    """The tap layers, ascending (`fc` fuses them in that order; the config refuses duplicates)."""
+    if isinstance(taps, (str, bytes, dict)) or not hasattr(taps, "__iter__"):
+        raise ValueError(f"{where}: field 'target_layer_ids' must be a list of integers, got {taps!r}")
+    return tuple(sorted(_cast(t, "target_layer_ids", int, where) for t in taps))
 
 
 def _flag(opts: dict, key: str, default: bool) -> bool:

@@ -144,6 +144,11 @@ class DSparkDraftConfig:
         """Most drafts per pass: block_size (anchor layout), block_size - 1 (fill-in)."""
         return self.block_size - self.slot_offset
 
+    @property
+    def max_drafts_source(self) -> str:
+        """Where `max_drafts` comes from (for messages): the block size."""
+        return f"block_size {self.block_size} ({self.layout} layout)"
+
     def query_slots(self, num_drafts: int) -> int:
         """Query slots of a pass that drafts `num_drafts` tokens: num_drafts + slot_offset."""
         return num_drafts + self.slot_offset

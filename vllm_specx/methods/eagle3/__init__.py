@@ -11,10 +11,16 @@ EAGLE-3 that saw exactly our data.
 
 Simplifications against published EAGLE-3 (said in the README): the draft scores the target's
 full vocabulary with the target's own lm_head (no reduced draft vocabulary, no separate head).
+
+Before vLLM serves a local EAGLE-3 draft, vllm-specx checks it (`checkpoint.check_vllm_draft`,
+run by the route while the speculative config is built): taps the target can capture, its hidden
+size, floating-point finite tensors; for drafts this trainer wrote, also the exact tensor set.
 """
 
 from vllm_specx import registry
+from vllm_specx.methods.eagle3.checkpoint import check_vllm_draft
 
 BASELINE = registry.register_baseline(registry.Baseline(
     name="eagle3", vllm_method="eagle3", trainer="vllm_specx.methods.eagle3.train",
+    check_draft=check_vllm_draft,
     description="EAGLE-3 baseline (one fused-tap Llama layer, training-time test), served by vLLM's built-in eagle3"))

@@ -54,6 +54,33 @@ class Eagle3Config:
         """A draft layer with the target's shapes (`target`: its HF config as a dict)."""
         return cls(**decoder_block_fields(target), target_layer_ids=tuple(target_layer_ids))
 
+    def check_target(self, target: dict[str, Any]) -> None:
+        """ValueError naming the field when this draft cannot serve `target` (as
+        `registry.target_dims` returns it)."""
+        layers = int(target["num_hidden_layers"])
+        bad = [t for t in self.target_layer_ids if t >= layers]
+        if bad:
+            raise ValueError(f"EAGLE-3 draft target_layer_ids {list(self.target_layer_ids)}: layer(s) "
+                             f"{bad} outside the target's {layers} layers (valid: 0..{layers - 1})")
+        for mine, theirs in (("target_hidden_size", "hidden_size"), ("hidden_size", "hidden_size"),
+                             ("vocab_size", "vocab_size")):
+            if getattr(self, mine) != int(target[theirs]):
+                raise ValueError(f"EAGLE-3 draft {mine} {getattr(self, mine)} != target {theirs} "
+                                 f"{target[theirs]} (the draft shares the target's embeddings and lm_head)")
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """The tensors vLLM's `Eagle3LlamaForCausalLM` loads from this draft (`model.py`'s
+        `vllm_state_dict`): no embeddings or lm_head, the target's are shared."""
+        h, hd, inter = self.hidden_size, self.head_dim, self.intermediate_size
+        q, kv, m = self.num_attention_heads * hd, self.num_key_value_heads * hd, "midlayer."
+        return {"fc.weight": (h, self.target_hidden_size * len(self.target_layer_ids)),
+                "norm.weight": (h,), m + "input_layernorm.weight": (h,), m + "hidden_norm.weight": (h,),
+                m + "post_attention_layernorm.weight": (h,),
+                m + "self_attn.q_proj.weight": (q, 2 * h), m + "self_attn.k_proj.weight": (kv, 2 * h),
+                m + "self_attn.v_proj.weight": (kv, 2 * h), m + "self_attn.o_proj.weight": (h, q),
+                m + "mlp.gate_proj.weight": (inter, h), m + "mlp.up_proj.weight": (inter, h),
+                m + "mlp.down_proj.weight": (h, inter)}
+
     def vllm_config_json(self) -> dict[str, Any]:
         """The config.json vLLM's built-in `eagle3` method loads (`LlamaForCausalLMEagle3`)."""
         return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",

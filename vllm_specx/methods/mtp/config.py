@@ -100,6 +100,11 @@ class MTPDraftConfig:
         if num_speculative_tokens is not None and num_speculative_tokens < 1:
             raise ValueError(f"MTP draft: num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
 
+    @property
+    def max_drafts_source(self) -> str:
+        """Where `max_drafts` (the default drafts per pass) comes from, for messages."""
+        return f"specx.max_drafts {self.max_drafts}"
+
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         h, hd = self.hidden_size, self.head_dim
         q, kv, i = self.num_attention_heads * hd, self.num_key_value_heads * hd, self.intermediate_size
