@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The reliability suite at full counts (issue 13; CI runs the same tests with smaller counts):
-# 64 concurrent streaming requests per drafter (DSpark and vLLM's n-gram, mixed sampling, seeds,
+# 64 concurrent streaming requests per drafter (DSpark, MTP and vLLM's n-gram, mixed sampling, seeds,
 # n, a quarter aborted, the last eight alone on an idle server), the CPU-engine repairs with
 # their negative controls, preemption / prefix caching / chunked prefill / edge requests against
 # no-spec, TP=2 against TP=1, the malformed-draft table and `vllm serve` refusing bad drafts.

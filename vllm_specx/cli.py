@@ -74,21 +74,15 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_specx.training.trainer import main as train_main
 
         return train_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from vllm_specx.bench import main as bench_main
+    if argv[:1] in (["bench"], ["load"]):  # the benchmarks parse their own flags
         from vllm_specx.targets import TargetError
 
+        if argv[0] == "bench":
+            from vllm_specx.bench import main as bench_main
+        else:
+            from vllm_specx.load_bench import main as bench_main
         try:
             bench_main(argv[1:])
-        except (ValueError, FileNotFoundError, TargetError) as e:
-            sys.exit(f"error: {e}")
-        return None
-    if argv[:1] == ["load"]:
-        from vllm_specx.load_bench import main as load_main
-        from vllm_specx.targets import TargetError
-
-        try:
-            load_main(argv[1:])
         except (ValueError, FileNotFoundError, TargetError) as e:
             sys.exit(f"error: {e}")
         return None

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 COUNT = int(os.environ.get("SPECX_LOAD_REQUESTS", "32"))
 DRAFTERS = {
     "dspark": {"method": "dspark", "model": str(T.ASSETS / "drafts" / "ref-dspark"), "num_speculative_tokens": 7},
+    "mtp": {"method": "mtp", "model": str(T.ASSETS / "drafts" / "ref-mtp"), "num_speculative_tokens": 7},
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
 }
 
@@ -53,8 +54,9 @@ def test_concurrent_streams_with_aborts_and_seeds(tmp_path, drafter):
     assert summary["seeded"] > 0
     assert any(r.alone and r.params.get("top_k", -1) > 0 and r.params["top_p"] == 1.0 for r in requests)
     assert summary["spec"]["drafts"] > 0 and summary["spec"]["accepted_tokens"] > 0
-    if drafter == "dspark":
-        assert "DSparkProposer active" in text
+    proposer = {"dspark": "DSparkProposer", "mtp": "MTPProposer"}.get(drafter)
+    if proposer:
+        assert f"{proposer} active" in text
     out = os.environ.get("SPECX_RELIABILITY_OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
