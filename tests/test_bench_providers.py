@@ -37,3 +37,21 @@ def test_builtin_eagle3_providers_may_carry_a_label():
     assert (p.label, p.method, p.draft_sample_method) == ("eagle3-prob", "eagle3", "probabilistic")
     d = bench.parse_provider(f"eagle3-like={ASSETS / 'drafts' / 'ref-dspark'}")  # a draft of ours stays ours
     assert d.method == "dspark"
+
+
+def test_adaptive_providers_and_repeats():
+    import pytest
+
+    d = ASSETS / "drafts" / "ref-dspark"
+    p = bench.parse_provider(f"dspark-adaptive={d}+adaptive@probabilistic")
+    assert p.adaptive and p.model == str(d) and p.label == "dspark-adaptive"
+    assert p.spec(7) == {"method": "dspark", "model": str(d), "num_speculative_tokens": 7,
+                         "draft_sample_method": "probabilistic", "adaptive": True}
+    assert "adaptive" not in bench.parse_provider(f"fixed={d}").spec(7)
+    with pytest.raises(ValueError, match="adaptive"):
+        bench.parse_provider(f"eagle3={ASSETS / 'drafts' / 'ref-eagle3'}+adaptive")
+    rows = [{"provider": "a", "k": 7, "batch_size": 1, "temperature": 0.0, "tokens_per_s": v, "tau": t}
+            for v, t in ((10.0, 2.0), (30.0, 3.0), (20.0, None))]
+    merged = bench.merge_repeats(rows)
+    assert len(merged) == 1 and merged[0]["tokens_per_s"] == 20.0 and merged[0]["tau"] == 2.5
+    assert merged[0]["tokens_per_s_runs"] == [10.0, 30.0, 20.0]

@@ -45,7 +45,6 @@ REFUSED = {
     "quantization": "fp8",
     "num_speculative_tokens_per_batch_size": [[1, 8, 3]],
     "disable_padded_drafter_batch": True,
-    "enable_adaptive_verification": True,
     "use_local_argmax_reduction": True,   # DSpark's own verdict (Method.spec_options)
     "dspark_draft_topk": 4,                # DSpark's own verdict
     # vLLM 0.33 fields (skipped where the installed vLLM lacks them)
@@ -186,3 +185,17 @@ def test_lossless_methods_get_our_sampler(monkeypatch, rsm):
     runner = _runner_after_swap(monkeypatch, rsm)
     assert type(runner.rejection_sampler).__name__ == "SpecxRejectionSampler"
     assert runner.rejection_sampler.method == ("block" if rsm == "block" else "token")
+
+
+def test_adaptive_options_reach_the_workers(draft):
+    """vllm-specx's adaptive options pass vLLM's validation, stay on the config (also through
+    pickling, as the config travels to the engine and its workers), and vLLM's own switch is
+    honoured for DSpark."""
+    import pickle
+
+    spec = _engine_config(draft, adaptive=True, adaptive_threshold=0.25).speculative_config
+    assert spec.specx_adaptive == {"adaptive": True, "adaptive_threshold": 0.25}
+    assert pickle.loads(pickle.dumps(spec)).specx_adaptive == spec.specx_adaptive
+    switched = _engine_config(draft, enable_adaptive_verification=True).speculative_config
+    assert switched.specx_adaptive == {"adaptive": True} and not switched.enable_adaptive_verification
+    assert not hasattr(_engine_config(draft).speculative_config, "specx_adaptive")

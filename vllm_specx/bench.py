@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import subprocess
+import statistics
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -47,6 +48,7 @@ class Provider:
     method: str | None
     model: str | None = None
     draft_sample_method: str = "greedy"  # vLLM's field: "probabilistic" samples drafts from q
+    adaptive: bool = False  # confidence-scheduled drafting (`adaptive: true`; `DIR+adaptive`)
 
     def spec(self, k: int) -> dict | None:
         if self.method is None:
@@ -56,10 +58,13 @@ class Provider:
         spec = {"method": self.method, "model": self.model, "num_speculative_tokens": k}
         if self.draft_sample_method != "greedy":
             spec["draft_sample_method"] = self.draft_sample_method
+        if self.adaptive:
+            spec["adaptive"] = True
         return spec
 
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+ADAPTIVE_SUFFIX = "+adaptive"
 
 
 def split_sample_method(text: str) -> tuple[str, str | None]:
@@ -76,13 +81,19 @@ def split_sample_method(text: str) -> tuple[str, str | None]:
 def parse_provider(text: str) -> Provider:
     """`no-spec`, `ngram`, `eagle3=DIR` (or `eagle3-LABEL=DIR`: vLLM's built-in EAGLE-3), `DIR` or
     `LABEL=DIR` (a vllm-specx draft); a draft-model provider may end in `@probabilistic` or
-    `@greedy` (its draft_sample_method)."""
+    `@greedy` (its draft_sample_method), a vllm-specx draft directory in `+adaptive`
+    (confidence-scheduled drafting)."""
     if text in ("no-spec", "ngram"):
         return Provider(text, None if text == "no-spec" else "ngram")
     spec, sample = split_sample_method(text)
     label, _, path = spec.rpartition("=")
     extra = {"draft_sample_method": sample} if sample else {}
+    if path.endswith(ADAPTIVE_SUFFIX):
+        path = path[:-len(ADAPTIVE_SUFFIX)]
+        extra["adaptive"] = True
     builtin = label.partition("-")[0]  # `eagle3=DIR` or `eagle3-LABEL=DIR`: vLLM's own method
+    if builtin in VLLM_DRAFTERS and extra.get("adaptive"):
+        raise ValueError(f"--method {text}: adaptive drafting is vllm-specx's (DSpark drafts), not {builtin}'s")
     if builtin in VLLM_DRAFTERS:
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"--method {text}: {path} has no config.json")
@@ -185,20 +196,45 @@ def plan(providers: list[Provider], k: int, sweep: list[int], batch_sizes: list[
     return jobs
 
 
+def merge_repeats(rows: list[dict]) -> list[dict]:
+    """One row per (provider, K, batch size, temperature) from its repeats: tokens/s the median
+    (every run kept in `tokens_per_s_runs`), tau the mean, the rest from the first repeat."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["provider"], r["k"], r["batch_size"], r["temperature"]), []).append(r)
+    out = []
+    for reps in groups.values():
+        row = dict(reps[0])
+        speeds = [r["tokens_per_s"] for r in reps]
+        row["tokens_per_s"] = round(statistics.median(speeds), 2)
+        row["tokens_per_s_runs"] = speeds
+        taus = [r["tau"] for r in reps if r["tau"] is not None]
+        row["tau"] = round(sum(taus) / len(taus), 4) if taus else None
+        if "adaptive" in reps[0]:
+            row["adaptive"] = [r["adaptive"] for r in reps]
+        out.append(row)
+    return out
+
+
 def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eos: bool,
-        engine_args: dict) -> list[dict]:
+        engine_args: dict, prompts_per_slot: int | None = None, repeats: int = 1) -> list[dict]:
     """Run every job (one engine each) and return the rows, with speed-up vs no-spec and greedy
-    identity vs no-spec (same batch size, temperature 0) filled in."""
+    identity vs no-spec (same batch size, temperature 0) filled in. `prompts_per_slot`: a job at
+    batch size b generates for the first prompts_per_slot * b prompts only (None: all).
+    `repeats`: the whole plan runs that many times, round robin (so a slow spell of the machine
+    hits every provider), merged by `merge_repeats`."""
     from tqdm import tqdm
     from vllm import SamplingParams
 
     from vllm_specx.engine import cpu_llm
 
     rows = []
-    bar = tqdm(total=sum(len(j["temperatures"]) for j in jobs), desc="bench", unit="run", dynamic_ncols=True)
-    for job in jobs:
+    bar = tqdm(total=repeats * sum(len(j["temperatures"]) for j in jobs), desc="bench", unit="run",
+               dynamic_ncols=True)
+    for job in [j for _ in range(repeats) for j in jobs]:
         p = job["provider"]
         spec = p.spec(job["k"]) if job["k"] is not None else None
+        job_inputs = inputs if prompts_per_slot is None else inputs[:prompts_per_slot * job["batch_size"]]
         t0 = time.perf_counter()
         with cpu_llm(target, spec, max_num_seqs=job["batch_size"], **engine_args) as llm:
             start_s = round(time.perf_counter() - t0, 1)
@@ -210,9 +246,15 @@ def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eo
                 params = SamplingParams(temperature=temp, max_tokens=max_tokens, ignore_eos=ignore_eos)
                 rows.append({"provider": p.label, "method": p.method or "none", "draft": p.model,
                              "k": job["k"], "batch_size": job["batch_size"], "temperature": temp,
-                             "engine_start_s": start_s, **generate_measured(llm, inputs, params)})
+                             "engine_start_s": start_s, "n_prompts": len(job_inputs),
+                             **generate_measured(llm, job_inputs, params)})
+                if p.adaptive:  # the proposer's counters, cumulative over this engine's runs
+                    from vllm_specx.adaptive.controller import worker_summary
+
+                    rows[-1]["adaptive"] = llm.collective_rpc(worker_summary)[0]
                 bar.update()
     bar.close()
+    rows = merge_repeats(rows)
     base = {(r["batch_size"], r["temperature"]): r for r in rows if r["method"] == "none"}
     for r in rows:
         b = base.get((r["batch_size"], r["temperature"]))
@@ -332,6 +374,10 @@ def parser() -> argparse.ArgumentParser:
                          f"({', '.join(targets.TARGETS)}; fetched once) or a model directory")
     ap.add_argument("--prompts", default="code", help=f"a prompt set: {', '.join(assets.PROMPT_SETS)}")
     ap.add_argument("--limit", type=int, default=None, help="the first N prompts (default: all)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the whole plan N times round robin; tokens/s is the median (default 1)")
+    ap.add_argument("--prompts-per-slot", type=int, default=None,
+                    help="a run at batch size b uses the first N*b prompts (default: all --limit prompts)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--method", dest="methods", action="append", default=None,
                     help="a provider, repeatable: no-spec, ngram, eagle3=DIR, DIR or LABEL=DIR "
@@ -417,10 +463,16 @@ def main(argv: list[str]) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance(args, Path(target))
-    rows = run(Path(target), inputs, jobs, args.max_tokens, ignore_eos, {"max_model_len": max_len})
+    if args.prompts_per_slot is not None and args.prompts_per_slot < 1:
+        raise ValueError(f"--prompts-per-slot must be at least 1, got {args.prompts_per_slot}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    rows = run(Path(target), inputs, jobs, args.max_tokens, ignore_eos, {"max_model_len": max_len},
+               args.prompts_per_slot, args.repeats)
     title = args.title or f"{Path(str(args.target)).name} × {args.prompts}"
     report = {"meta": meta, "title": title,
               "settings": {"prompts": args.prompts, "prompt_form": form, "n_prompts": len(prompts),
+                           "prompts_per_slot": args.prompts_per_slot, "repeats": args.repeats,
                            "max_tokens": args.max_tokens, "ignore_eos": ignore_eos, "k": args.k,
                            "sweep": sweep, "batch_sizes": batch_sizes, "sweep_batch_sizes": sweep_b,
                            "temperatures": temps, "max_model_len": max_len, "ngram": NGRAM,
@@ -433,11 +485,35 @@ def main(argv: list[str]) -> Path:
     return out
 
 
+def adaptive_table(rows: list[dict]) -> str:
+    """For adaptive providers: drafted vs verified drafts and skipped passes (the proposer's
+    counters, summed over the repeats; vLLM's own counters count the verified ones), tokens/s of
+    every repeat."""
+    lines = []
+    for r in rows:
+        runs = r.get("adaptive")
+        if not runs:
+            continue
+        runs = runs if isinstance(runs, list) else [runs]
+        tot = {k: sum(x.get(k, 0) for x in runs if x) for k in
+               ("draft_passes", "skipped_passes", "drafted_tokens", "verified_tokens")}
+        src = runs[0].get("confidence") if runs[0] else "-"
+        speeds = " / ".join(f"{v:.1f}" for v in r.get("tokens_per_s_runs", [r["tokens_per_s"]]))
+        lines.append(f"| {r['provider']} | {r['batch_size']} | {src} | {tot['draft_passes']} | "
+                     f"{tot['skipped_passes']} | {tot['drafted_tokens']} | {tot['verified_tokens']} | {speeds} |")
+    if not lines:
+        return ""
+    head = ("\n\nAdaptive drafting (the proposer's counters over the runs; tok/s of each run):\n\n"
+            "| provider | batch | confidence | draft passes | skipped passes | drafted | verified | tok/s runs |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(lines)
+
+
 def write_report(out: Path) -> None:
     """results.md and the PNGs from out/results.json (also `vllm-specx bench --replot DIR`)."""
     report = json.loads((out / "results.json").read_text())
     meta, st, title = report["meta"], report["settings"], report["title"]
-    md = table(report["rows"], meta["device"])
+    md = table(report["rows"], meta["device"]) + adaptive_table(report["rows"])
     (out / "results.md").write_text(
         f"# {title}\n\n{st['n_prompts']} prompts ({st['prompts']}, {st['prompt_form']}), {st['max_tokens']} "
         f"tokens max, {'ignore EOS' if st['ignore_eos'] else 'stop at EOS'}; {meta['device']} ({meta['cpu']}, "

@@ -81,6 +81,8 @@ class Method:
             `vllm_specx._vllm_compat.route` (verdicts: honoured, vllm, irrelevant, internal,
             refused; a set option whose verdict is refused fails at config time, naming it).
         description: one line for `vllm-specx methods`.
+        adaptive_drafting: its proposer implements confidence-scheduled drafting
+            (`vllm_specx.adaptive`; the speculative config's `adaptive` options).
     """
 
     name: str
@@ -99,6 +101,7 @@ class Method:
     description: str = ""
     spec_options: tuple[tuple[str, str, str], ...] = ()
     internal_method_for: Callable[[Any], str] | None = None
+    adaptive_drafting: bool = False
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -251,6 +254,11 @@ def choose(requested: str | None, model: str | None, v2_would_run: bool) -> tupl
 def target_dims(text_config) -> dict[str, Any]:
     """The target fields drafts are checked against, from an HF (text) config object."""
     return {k: getattr(text_config, k) for k in TARGET_FIELDS}
+
+
+def adaptive_methods() -> list[str]:
+    """Names of the methods whose proposers implement adaptive drafting."""
+    return sorted(name for name, m in methods().items() if m.adaptive_drafting)
 
 
 def draft_methods() -> set[str]:

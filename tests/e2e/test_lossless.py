@@ -21,6 +21,7 @@ import torch
 
 from .. import helpers as T
 from ..helpers import load_target, write, write_eagle3_head
+from vllm_specx.adaptive.controller import worker_summary
 
 pytestmark = pytest.mark.e2e
 N, L = 2000, 4
@@ -41,6 +42,7 @@ def _sample(spec, monkeypatch, repair="1", sampler="specx") -> dict[str, list[li
             out[name] = [list(r.outputs[0].token_ids) for r in res]
         out["tau"] = T.spec_metrics(llm)["tau"]
         out["verifier"] = llm.collective_rpc(T.sampler_counters)[0]
+        out["adaptive"] = llm.collective_rpc(worker_summary)[0]
     return out
 
 
@@ -105,6 +107,11 @@ CONFIGS = {
     "dspark-probabilistic": lambda d: _dspark(d, draft_sample_method="probabilistic"),
     "dspark-probabilistic-block": lambda d: _dspark(d, draft_sample_method="probabilistic",
                                                     rejection_sample_method="block"),
+    # adaptive drafting: each request's drafts cut by confidence (threshold only; the cost model)
+    "dspark-adaptive-probabilistic": lambda d: _dspark(d, draft_sample_method="probabilistic", adaptive=True,
+                                                       adaptive_cost_model=False, adaptive_threshold=0.5),
+    "dspark-adaptive-block": lambda d: _dspark(d, draft_sample_method="probabilistic",
+                                               rejection_sample_method="block", adaptive=True),
     "mtp-probabilistic": lambda d: {"method": "mtp", "model": d["mtp"], "num_speculative_tokens": 3,
                                     "draft_sample_method": "probabilistic"},
     "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
@@ -143,6 +150,15 @@ def _op_calls(got: dict, name: str) -> dict:
     return v
 
 
+@pytest.mark.parametrize("name", [n for n in CONFIGS if "adaptive" in n])
+def test_adaptive_configs_really_cut(name, run):
+    """The distribution test above holds while drafts are cut: fewer verified than drafted, and
+    requests verified different numbers of drafts."""
+    st = run(name)["adaptive"]
+    assert st and st["draft_passes"] > 0 and st["verified_tokens"] < st["drafted_tokens"], st
+    assert sum(1 for c in st["verify_length_counts"][1:] if c) >= 2, st["verify_length_counts"]
+
+
 def test_block_verification_runs_when_configured(run):
     v = _op_calls(run("dspark-probabilistic-block"), "block")
     assert v["method"] == "block"
@@ -150,7 +166,8 @@ def test_block_verification_runs_when_configured(run):
     assert v["op_calls"].get("token", 0) == 0, v
 
 
-@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic"])
+@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic",
+                                  "dspark-adaptive-probabilistic"])
 def test_token_wise_verification_runs_for_standard(name, run):
     v = _op_calls(run(name), name)
     assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v

@@ -214,4 +214,4 @@ def _replace(p: Patch, make) -> None:
 # The patches, in install order (each module declares its own with @patch).
 from vllm_specx._vllm_compat import (  # noqa: E402,F401,I001
     route, spec_fields, keep_v1, swap_drafter, cpu_expand, cpu_empty_topk, cpu_seeded_snapshot, cpu_seeded_rewind,
-    acceptance)
+    acceptance, adaptive_lengths, adaptive_profile)

@@ -91,6 +91,36 @@ def read_prompts(spec: str, limit: int | None = None) -> list[dict]:
     return [{"id": r["id"], "prompt": r.get("messages", r.get("prompt"))} for r in rows]
 
 
+def select_prompts(spec: str, limit: int | None = None, spread: int | None = None) -> list[dict]:
+    """The prompts gen-data runs on: `read_prompts(spec, limit)`, then with `spread` N that many
+    spread evenly over them (every len/N-th), in order."""
+    prompts = read_prompts(spec, limit)
+    if spread is not None and spread < len(prompts):
+        prompts = [prompts[i * len(prompts) // spread] for i in range(spread)]
+    return prompts
+
+
+def trained_prompt_ids(record: dict) -> tuple[str, set[int]] | None:
+    """(prompt set, the ids of its prompts whose answers a training run's data held), from the
+    run's training record (`training.json`), or None when the record cannot say.
+
+    From the data folder's tokens.jsonl when it is still there; else re-derived from the data's
+    meta: gen-data answers the selected prompts (`select_prompts`) in order, so data of n samples
+    (the record's `data_samples`; in records older than it, its train + validation samples) holds
+    the first n of them (a run stopped early holds a prefix)."""
+    meta = record.get("data") or {}
+    spec = meta.get("prompts")
+    if spec is None:
+        return None
+    folder = (record.get("args") or {}).get("data")
+    if folder and (Path(folder) / "tokens.jsonl").is_file():
+        return spec, {r["id"] for r in _read_jsonl(Path(folder) / "tokens.jsonl")}
+    n = int(record.get("data_samples") or 0) or int(record.get("train_samples") or 0) + int(record.get("val_samples") or 0)
+    if not n:
+        return None
+    return spec, {p["id"] for p in select_prompts(spec, meta.get("limit"), meta.get("spread"))[:n]}
+
+
 def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int,
                     temperature: float = 0.0, batch: int = 64, ignore_eos: bool = True) -> None:
     """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl (chats rendered
@@ -216,9 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
     out = Path(args.out)
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
-    prompts = read_prompts(args.prompts, args.limit)
-    if args.spread is not None and args.spread < len(prompts):
-        prompts = [prompts[i * len(prompts) // args.spread] for i in range(args.spread)]
+    prompts = select_prompts(args.prompts, args.limit, args.spread)
     meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
             "temperature": args.temperature, "prompts": args.prompts}
     meta.update({k: getattr(args, k) for k in ("limit", "spread") if getattr(args, k) is not None})

@@ -22,6 +22,17 @@ sum_j prod_{i<=j} alpha_i (needs the data's top-k). `<out>/trainer_state.pt` is 
 `--save-every` steps and at the end (`--resume` continues from it, bit for bit on CPU), and
 `<out>/training.json` records the arguments, the command, the data's meta and the log.
 Deterministic given `--seed` (on CPU).
+
+A draft with a confidence head (a per-slot acceptance-probability logit, `DraftOutput.confidence`;
+e.g. DSpark's `--confidence-head`) trains it with binary cross-entropy against each slot's
+realised teacher-forced acceptance (`losses.confidence_bce`, labels `losses.confidence_labels`,
+`--confidence-label greedy|soft`), on the slots a block reaches (`--confidence-slots`,
+`losses.confidence_weights`): `--confidence-weight W` adds W * BCE to the draft loss;
+`--train-only confidence` freezes every other parameter and trains on the BCE alone (the draft's
+other tensors are saved as they were loaded, e.g. by a `--init-from` warm start). Validation then
+also reports, on the reached slots with greedy labels, the head's BCE (`val_conf_bce`), Brier
+score (`val_conf_brier`), its mean predicted acceptance per position (`val_conf_per_pos`) and
+the realised conditional acceptance there (`val_conf_rate_per_pos`).
 """
 
 from __future__ import annotations
@@ -41,24 +52,36 @@ from tqdm import tqdm
 
 from vllm_specx import registry
 from vllm_specx.training.losses import (
+    CONFIDENCE_LABELS,
+    CONFIDENCE_SLOTS,
     IGNORE,
     LOSSES,
     NEEDS_TARGET_DISTRIBUTION,
     acceptance_rate,
+    brier_score,
+    confidence_bce,
+    confidence_labels,
+    confidence_weights,
     position_weights,
 )
 
 STATE_FILE = "trainer_state.pt"
 RECORD_FILE = "training.json"
+# `--train-only` parts: the parameters (by name prefix) that stay trainable.
+TRAIN_ONLY = {"confidence": "confidence_head."}
 
 
 def hooks(method_name: str):
     return importlib.import_module(registry.trainers()[method_name])
 
 
-def loss_and_accuracy(out, loss: str, gamma: float, ce_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_and_accuracy(out, loss: str, gamma: float, ce_weight: float = 0.0, confidence_weight: float = 0.0,
+                      train_only: str | None = None, confidence_label: str = "greedy",
+                      confidence_slots: str = "reached") -> tuple[torch.Tensor, torch.Tensor]:
     """(the `loss` of a forward's output with exp(-k / gamma) position weights, mixed with
-    cross-entropy as (1 - ce_weight) * loss + ce_weight * CE when ce_weight > 0; per-position accuracy).
+    cross-entropy as (1 - ce_weight) * loss + ce_weight * CE when ce_weight > 0, plus
+    confidence_weight * BCE of the confidence head when > 0 (the BCE alone when `train_only` is
+    "confidence"); per-position accuracy).
 
     Why the mix: TV-type losses have almost no gradient where the draft puts ~no mass on the
     target's top-k (a fresh head), so a small CE term gets them started (seed recipe: 0.1)."""
@@ -67,11 +90,26 @@ def loss_and_accuracy(out, loss: str, gamma: float, ce_weight: float = 0.0) -> t
     n = out.targets.shape[-1]
     with torch.no_grad():
         acc = per_position_accuracy(out)
+    if train_only == "confidence":
+        return confidence_loss(out, confidence_label, confidence_slots), acc
     w = position_weights(n, gamma).to(out.logits.device)
     value = LOSSES[loss](out, w)
     if ce_weight:
         value = (1 - ce_weight) * value + ce_weight * cross_entropy(out, w)
+    if confidence_weight:
+        value = value + confidence_weight * confidence_loss(out, confidence_label, confidence_slots)
     return value, acc
+
+
+def confidence_loss(out, label: str = "greedy", slots: str = "reached") -> torch.Tensor:
+    """BCE of the output's confidence logits against the slots' realised acceptance, over the
+    `slots` (`losses.confidence_weights`)."""
+    if out.confidence is None:
+        raise ValueError("this draft has no confidence head (its forward returns no confidence logits)")
+    n = out.targets.shape[-1]
+    c = confidence_labels(out, label)
+    return confidence_bce(out.confidence.reshape(-1, n), c,
+                          confidence_weights(c, out.targets.reshape(-1, n) != IGNORE, slots))
 
 
 def validation_stats(out) -> dict[str, torch.Tensor]:
@@ -88,6 +126,15 @@ def validation_stats(out) -> dict[str, torch.Tensor]:
         alpha = acceptance_rate(out).float() * valid
         st["alpha"] = alpha.sum(0)
         st["tau_sampled"] = ((1 + torch.cumprod(alpha, -1).sum(-1)) * full).sum()
+    if out.confidence is not None:  # the head against the greedy acceptance, on the slots blocks reach
+        z, c = out.confidence.reshape(-1, n).float(), confidence_labels(out, "greedy").float()
+        reached = confidence_weights(c, valid)
+        m = reached.sum()
+        st["conf_reached"] = reached.sum(0)
+        st["conf_bce"] = confidence_bce(z, c, reached) * m
+        st["conf_brier"] = brier_score(torch.sigmoid(z), c, reached) * m
+        st["conf_p"] = (torch.sigmoid(z) * reached).sum(0)
+        st["conf_hit"] = (c * reached).sum(0)
     return st
 
 
@@ -97,6 +144,12 @@ def summarise(total: dict[str, torch.Tensor]) -> dict:
     if "alpha" in total:
         out["val_alpha_per_pos"] = [round(a, 3) for a in (total["alpha"] / total["valid"].clamp(min=1)).tolist()]
         out["tau_sampled"] = round((total["tau_sampled"] / total["blocks"].clamp(min=1)).item(), 3)
+    if "conf_bce" in total:
+        r = total["conf_reached"]
+        out["val_conf_bce"] = round((total["conf_bce"] / r.sum().clamp(min=1)).item(), 4)
+        out["val_conf_brier"] = round((total["conf_brier"] / r.sum().clamp(min=1)).item(), 4)
+        out["val_conf_per_pos"] = [round(a, 3) for a in (total["conf_p"] / r.clamp(min=1)).tolist()]
+        out["val_conf_rate_per_pos"] = [round(a, 3) for a in (total["conf_hit"] / r.clamp(min=1)).tolist()]
     return out
 
 
@@ -115,6 +168,21 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--gamma", type=float, default=4.0, help="position weight exp(-k / gamma)")
     ap.add_argument("--ce-weight", type=float, default=0.0,
                     help="mix in cross-entropy: (1 - w) * loss + w * CE (TV-type losses from scratch need it)")
+    ap.add_argument("--confidence-weight", type=float, default=0.0,
+                    help="add W * BCE of the draft's confidence head (its per-slot acceptance "
+                         "probability) to the loss")
+    ap.add_argument("--confidence-label", default="greedy", choices=CONFIDENCE_LABELS,
+                    help="the head's label: greedy (draft == the target's argmax, teacher-forced) or "
+                         "soft (sum_v min(p, q), needs the data's top-k)")
+    ap.add_argument("--confidence-slots", default="reached", choices=CONFIDENCE_SLOTS,
+                    help="slots the head learns from: reached (slot k only where drafts < k were "
+                         "accepted: p_k is then the conditional acceptance serving multiplies) or all")
+    ap.add_argument("--train-only", default=None, choices=sorted(TRAIN_ONLY),
+                    help="freeze all but this part: confidence (the confidence head, on its BCE alone; "
+                         "the draft's other tensors are saved unchanged)")
+    ap.add_argument("--unseen-by", default=None,
+                    help="a trained draft: train and validate only on samples whose prompts its training "
+                         "data did not hold (a head added to that draft then learns how it does on new prompts)")
     ap.add_argument("--val-samples", type=int, default=32)
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=200, help=f"steps between {STATE_FILE} writes")
@@ -180,20 +248,29 @@ def train(args: argparse.Namespace) -> dict:
     meta = json.loads((Path(args.data) / "meta.json").read_text())
     if not 0 <= args.ce_weight <= 1:
         raise SystemExit(f"--ce-weight {args.ce_weight}: must be in [0, 1]")
-    if args.loss in NEEDS_TARGET_DISTRIBUTION and not meta.get("topk"):
+    if args.confidence_weight < 0:
+        raise SystemExit(f"--confidence-weight {args.confidence_weight}: must be >= 0")
+    if args.confidence_label == "soft" and not meta.get("topk"):
+        raise SystemExit(f"--confidence-label soft needs the target's distribution: {args.data} has no top-k")
+    if args.train_only != "confidence" and args.loss in NEEDS_TARGET_DISTRIBUTION and not meta.get("topk"):
         raise SystemExit(f"--loss {args.loss} needs the target's distribution: {args.data} has no "
                          "top-k (make it with `vllm-specx gen-data ... --topk 32`)")
     from vllm_specx.targets import resolve
 
     target = load_target(resolve(args.target))
     samples = load_samples(Path(args.data))
-    if len(samples) <= args.val_samples:
-        raise SystemExit(f"--data {args.data}: {len(samples)} samples, not more than --val-samples {args.val_samples}")
-    order = list(range(len(samples)))
-    rng.shuffle(order)
-    val, train_set = samples.subset(order[:args.val_samples]), samples.subset(order[args.val_samples:])
+    pool = usable(samples, meta, args.unseen_by)
+    if len(pool) <= args.val_samples:
+        raise SystemExit(f"--data {args.data}: {len(pool)} usable samples, not more than --val-samples {args.val_samples}")
+    val_idx, train_idx = split(len(pool), args.val_samples, rng)
+    val_idx, train_idx = [pool[i] for i in val_idx], [pool[i] for i in train_idx]
+    val, train_set = samples.subset(val_idx), samples.subset(train_idx)
     model = h.build(target, args, meta, *embed_and_head(target)).to(device)
     del target
+    check_confidence_args(model, args)
+    if args.train_only:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith(TRAIN_ONLY[args.train_only]))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -233,20 +310,22 @@ def train(args: argparse.Namespace) -> dict:
         with torch.no_grad(), autocast:
             for vb in val_batches:
                 vout = h.forward(model, _to(vb, device))
-                vloss += loss_and_accuracy(vout, args.loss, args.gamma, args.ce_weight)[0].item() / len(val_batches)
+                vloss += loss_and_accuracy(vout, *loss_args)[0].item() / len(val_batches)
                 for k, v in validation_stats(vout).items():
                     total[k] = total.get(k, 0) + v.float().cpu()
         log.append({"step": step, "train_loss": train_loss, "val_loss": round(vloss, 4),
                     **summarise(total), "elapsed_s": round(wall + time.time() - t0, 1)})
         tqdm.write(json.dumps(log[-1]))
 
+    loss_args = (args.loss, args.gamma, args.ce_weight, args.confidence_weight, args.train_only,
+                 args.confidence_label, args.confidence_slots)
     t0 = time.time()
     if start == 0:
         validate(0, None)  # the initial model: what training improves on
     for step in (bar := tqdm(range(start, args.steps), desc=f"train {args.method}", initial=start, total=args.steps)):
         with autocast:
             out = h.forward(model, _to(h.batch(model, train_set, rng, args.batch, args), device))
-            loss, _ = loss_and_accuracy(out, args.loss, args.gamma, args.ce_weight)
+            loss, _ = loss_and_accuracy(out, *loss_args)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -260,12 +339,60 @@ def train(args: argparse.Namespace) -> dict:
     cmds = Path(args.data) / COMMANDS_FILE
     record = {"command": "vllm-specx train " + command_flags(args), "args": vars(args), "data": meta,
               "data_commands": cmds.read_text().splitlines() if cmds.is_file() else None,
+              "data_samples": len(samples),
+              **({"unseen_by_excluded": len(samples) - len(pool)} if args.unseen_by else {}),
               "train_samples": len(train_set), "val_samples": len(val),
+              "val_prompt_ids": [samples.index[i][1] for i in val_idx],
               "wall_s": round(wall + time.time() - t0, 1), "log": log}
     h.save(model, args.out, getattr(torch, args.save_dtype))
     (out_dir / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {args.out}")
     return record
+
+
+def usable(samples, data_meta: dict, unseen_by: str | None) -> list[int]:
+    """Indices of the samples a run may use: all, or with `unseen_by` (a draft directory with a
+    training record) those whose prompt its training data did not hold (`data.trained_prompt_ids`)."""
+    if not unseen_by:
+        return list(range(len(samples)))
+    from vllm_specx.training.data import trained_prompt_ids
+
+    rec_file = Path(unseen_by) / RECORD_FILE
+    try:
+        seen = trained_prompt_ids(json.loads(rec_file.read_text()))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--unseen-by {unseen_by}: cannot tell which prompts it was trained on ({e})") from None
+    if seen is None:
+        raise SystemExit(f"--unseen-by {unseen_by}: its {RECORD_FILE} does not say which prompts it was trained on")
+    spec, ids = seen
+    if spec != data_meta.get("prompts"):
+        raise SystemExit(f"--unseen-by {unseen_by}: trained on prompts {spec!r}, this data on "
+                         f"{data_meta.get('prompts')!r}; prompt ids of different sets cannot be compared")
+    return [i for i in range(len(samples)) if samples.index[i][1] not in ids]
+
+
+def split(n: int, val_samples: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """(validation, training) sample indices: a shuffle of range(n) by `rng` (the trainer's, seeded
+    with `--seed`), the first `val_samples` held back. `benchmarks/confidence_calibration.py`
+    re-draws a run's split from its record with this."""
+    order = list(range(n))
+    rng.shuffle(order)
+    return order[:val_samples], order[val_samples:]
+
+
+def check_confidence_args(model, args: argparse.Namespace) -> None:
+    """Refuse confidence flags that would train nothing, or a confidence head nothing trains."""
+    names = [n for n, _ in model.named_parameters()]
+    has_head = any(n.startswith(TRAIN_ONLY["confidence"]) for n in names)
+    if args.train_only and not any(n.startswith(TRAIN_ONLY[args.train_only]) for n in names):
+        raise SystemExit(f"--train-only {args.train_only}: this draft has no such part (a confidence "
+                         "head needs the method's flag, e.g. --confidence-head)")
+    if args.confidence_weight and not has_head:
+        raise SystemExit(f"--confidence-weight {args.confidence_weight}: this draft has no confidence "
+                         "head (add one with the method's flag, e.g. --confidence-head)")
+    if has_head and not args.confidence_weight and args.train_only != "confidence":
+        raise SystemExit("this draft has a confidence head but nothing trains it: pass "
+                         "--confidence-weight W > 0, or --train-only confidence")
 
 
 RESUME_MAY_CHANGE = ("out", "resume", "config", "threads", "device", "val_every", "save_every")
@@ -277,7 +404,10 @@ def _run_args(args: argparse.Namespace) -> dict:
 
 
 def command_flags(args: argparse.Namespace) -> str:
-    """The flags that re-run `args` (switches only when set; unset options left out)."""
+    """The flags that re-run `args` (switches only when set, `--no-X` for a switch that is on by
+    default and was turned off; unset and empty options left out)."""
+    on_by_default = {a.dest for a in parser(getattr(args, "method", None))._actions
+                     if isinstance(a, argparse.BooleanOptionalAction) and a.default is True}
     out = []
     for k, v in vars(args).items():
         if k in ("config", "resume"):
@@ -285,7 +415,9 @@ def command_flags(args: argparse.Namespace) -> str:
         flag = "--" + k.replace("_", "-")
         if v is True:
             out.append(flag)
-        elif v is not None and v is not False:
+        elif v is False and k in on_by_default:
+            out.append("--no-" + k.replace("_", "-"))
+        elif v is not None and v is not False and v != "":
             out.append(f"{flag} {v}")
     return " ".join(out)
 

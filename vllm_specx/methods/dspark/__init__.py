@@ -20,7 +20,14 @@ dspark_draft_topk            refused   vLLM's top-k Markov projection for its Qw
                                        this head scores the full vocabulary
 use_local_argmax_reduction   refused   the Markov head corrects the full base logits, so the
                                        drafts cannot come from a vocab-parallel local argmax
+enable_adaptive_verification honoured  vLLM's switch for confidence-scheduled drafting, the
+                                       same as vllm-specx's `adaptive: true` (`vllm_specx.adaptive`,
+                                       on the V1 runner)
 ===========================  ========  ========================================================
+
+vllm-specx's own adaptive-drafting options (`adaptive`, `adaptive_confidence`, `adaptive_threshold`,
+`adaptive_cost_model`, `adaptive_max_skip`) are not vLLM fields; `_vllm_compat/spec_fields.py`
+takes them out before vLLM's validation (`vllm_specx.adaptive.config`).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ SPEC_OPTIONS = (
      "Qwen3DSparkModel; vllm-specx's DSpark head scores the full vocabulary"),
     ("use_local_argmax_reduction", "refused", "DSpark's Markov head corrects the full base "
      "logits, so its drafts cannot come from a vocab-parallel local argmax"),
+    ("enable_adaptive_verification", "honoured", "the same switch as vllm-specx's `adaptive: true` "
+     "(confidence-scheduled drafting on the V1 runner)"),
 )
 
 METHOD = registry.register(registry.Method(
@@ -102,8 +111,17 @@ METHOD = registry.register(registry.Method(
         "vllm.v1.spec_decode.dflash:DFlashProposer._sample_draft_tokens",
         "vllm.v1.spec_decode.llm_base_proposer:compute_probs_and_sample_next_token",
         "vllm.v1.sample.sampler:_SAMPLING_EPS",
+        # adaptive drafting (`adaptive: true`)
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
+        "vllm.v1.spec_decode.dflash:DFlashProposer.build_model_inputs_first_pass",
+        "vllm.v1.spec_decode.dflash:DFlashProposer.dummy_run",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_run",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_draft_token_ids_cpu",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache",
     ),
     description="parallel block drafter + sequential low-rank Markov head (vllm-specx and "
                 "speculators checkpoints)",
     spec_options=SPEC_OPTIONS,
+    adaptive_drafting=True,
 ))

@@ -293,13 +293,14 @@ class DSparkDraft(nn.Module):
         """
         return h @ self.lm_head.t() + self.markov_head.block_bias(slot_prev, h)
 
-    def confidence_logits(self, h: torch.Tensor, slot_prev: torch.Tensor) -> torch.Tensor:
-        """The confidence head's logit per slot (shapes as `slot_logits`, minus V)."""
+    def confidence_logits(self, h: torch.Tensor, slot_prev: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        """The confidence head's logit per slot (shapes as `slot_logits`, minus V); `detach`: its
+        inputs (h, W1[prev]) carry no gradient back, so a loss on it trains the head alone."""
         if self.cfg.confidence_head is None:
             raise ValueError("this DSpark draft has no confidence head")
         if self.cfg.confidence_head == "hidden+markov":
             h = torch.cat([h, self.markov_head.markov_w1(slot_prev.long()).to(h.dtype)], -1)
-        return self.confidence_head(h)
+        return self.confidence_head(h.detach() if detach else h)
 
     @torch.no_grad()
     def query_states(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:

@@ -17,6 +17,13 @@ runs N slots and samples all of them, so a block of B slots drafts B tokens. vLL
 preparation (`_copy_and_expand_dflash_inputs`) takes the query count per request as a
 parameter, derived from `num_speculative_tokens`; `set_inputs_first_pass` asks it for N slots.
 
+With `adaptive: true` in the speculative config (`vllm_specx.adaptive`), each pass also gives
+every drafted slot a confidence (the draft's confidence head, or the online estimator over the
+draft distribution's top probability), decides how many drafts of each request go to
+verification (the rest are cut in vLLM's runner, `_vllm_compat/adaptive_lengths.py`), computes
+only as many slots as the last pass verified plus one, and skips whole passes while drafting does
+not pay (a skipped pass still writes the draft's context cache).
+
 The vLLM internals used and overridden here are listed in this method's `vllm_internals`.
 """
 
@@ -24,11 +31,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_specx import registry
+from vllm_specx.adaptive.config import AdaptiveConfig
+from vllm_specx.adaptive.controller import AdaptiveDrafting
+from vllm_specx.adaptive.estimator import feature
 from vllm_specx.methods.dspark.model import greedy_pick, reads_anchor_slot, sequential_drafts
 from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
@@ -49,6 +60,8 @@ class DSparkProposer(DFlashProposer):
         self._enable_probabilistic_draft_probs = hands_draft_probs(spec)
         # Counters a test or a user can read through `LLM.collective_rpc`.
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
+        self._runner = runner
+        self.adaptive = make_adaptive(vllm_config, self.dspark, self.num_speculative_tokens)
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
                     "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
                     self.dspark.block_size, self.dspark.layout,
@@ -94,12 +107,170 @@ class DSparkProposer(DFlashProposer):
         slots = h[:, rows - n:]
         anchors = self._anchor_ids[:batch]
         state = self.model.initial_state(anchors, h[:, 0] if rows > n else None)
-        base = self.model.compute_logits(slots.reshape(batch * n, -1)).view(batch, n, -1)
         probabilistic = self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy
         if probabilistic:
             self.stats["probabilistic_calls"] += 1
             pick = probabilistic_pick(sampling_metadata, batch)
         else:
             pick = greedy_pick
-        tokens, probs = sequential_drafts(base, anchors, self.model.markov_stepper(slots), pick, state)
+
+        def base_fn(s):  # base logits [batch, slots, V] of the sample slots s [batch, slots, H]
+            return self.model.compute_logits(s.reshape(-1, s.shape[-1])).view(batch, s.shape[1], -1)
+
+        if getattr(self, "adaptive", None) is not None:
+            tokens, probs = self._adaptive_drafts(base_fn, slots, anchors, state, pick)
+        else:
+            tokens, probs = sequential_drafts(base_fn(slots), anchors, self.model.markov_stepper(slots),
+                                              pick, state)
         return tokens.reshape(-1), (probs.reshape(batch * n, -1) if probs is not None else None)
+
+    # ---- confidence-scheduled drafting (`adaptive: true`) -----------------------------------
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
+        kw = dict(target_token_ids=target_token_ids, target_positions=target_positions,
+                  target_hidden_states=target_hidden_states, next_token_ids=next_token_ids,
+                  token_indices_to_sample=token_indices_to_sample,
+                  common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
+                  mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                  slot_mappings=slot_mappings)
+        a = self.adaptive
+        if a is None:
+            return super().propose(num_speculative_tokens, **kw)
+        batch = common_attn_metadata.batch_size()
+        a.begin_pass(int(common_attn_metadata.num_actual_tokens))
+        self._adaptive_req_ids = list(self._runner.input_batch.req_ids[:batch])
+        if not a.draft_now():
+            out = self._context_only(num_speculative_tokens, batch, **kw)
+            a.skipped(self._adaptive_req_ids)
+            a.end_pass(batch, 0, drafted=False)
+            return out
+        self._drafted_slots = num_speculative_tokens
+        out = super().propose(num_speculative_tokens, **kw)
+        a.end_pass(batch, self._drafted_slots, drafted=True)
+        return out
+
+    def _context_only(self, num_speculative_tokens, batch, *, target_token_ids, target_positions,
+                      target_hidden_states, next_token_ids, token_indices_to_sample,
+                      common_attn_metadata, num_rejected_tokens_gpu, **_):
+        """A skipped pass: the verified tokens' context K/V go into the draft's cache (so later
+        passes see the whole prefix), no query block, no drafts (all cut)."""
+        self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None
+        fused = self.model.combine_hidden_states(target_hidden_states)
+        num_tokens, _, _ = self.set_inputs_first_pass(
+            target_token_ids=target_token_ids, next_token_ids=next_token_ids,
+            target_positions=target_positions, target_hidden_states=fused,
+            token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
+            num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)
+        return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
+
+    def _adaptive_drafts(self, base_fn, slots, anchors, state, pick):
+        """Draft the first `horizon` slots, score them, decide the verified lengths; drafts and
+        distributions padded to N (the padding is never verified)."""
+        a = self.adaptive
+        batch, n = slots.shape[0], self.num_speculative_tokens
+        m = max(1, min(n, a.scheduler.horizon))
+        self._drafted_slots = m
+        slots_m = slots[:, :m]
+        base = base_fn(slots_m)
+        qmax = []
+        if a.source == "estimator":
+            inner = pick
+
+            def pick(logits):
+                tok, p = inner(logits)
+                if p is not None:
+                    qmax.append(p.max(-1).values.float())
+                else:
+                    qmax.append((logits.max(-1).values - logits.float().logsumexp(-1)).exp())
+                return tok, p
+        tokens, probs = sequential_drafts(base, anchors, self.model.markov_stepper(slots_m), pick, state)
+        if a.source == "head":
+            prev = torch.cat([anchors.view(-1, 1).to(tokens.dtype), tokens[:, :-1]], 1)
+            conf = torch.sigmoid(self.model.confidence_logits(slots_m, prev).float())
+            feats = None
+        else:
+            feats = feature(torch.stack(qmax, 1))
+            conf = a.estimator.confidences(feats)
+        a.decide(self._adaptive_req_ids[:batch], conf, feats)
+        if m < n:
+            tokens = torch.cat([tokens, tokens.new_zeros(batch, n - m)], 1)
+            if probs is not None:
+                probs = torch.cat([probs, probs.new_zeros(batch, n - m, probs.shape[-1])], 1)
+        return tokens, probs
+
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
+                                      discard_request_mask):
+        out = super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
+                                                    discard_request_mask)
+        if self.adaptive is not None:
+            kept = out[1].tolist()
+            self.adaptive.observe(list(gpu_input_batch.req_ids[:len(kept)]), kept)
+        return out
+
+    def profile_costs(self, runner) -> None:
+        """Start-up cost tables for the adaptive policy (`adaptive.costs`), timed on this
+        machine once the KV cache exists; called by `_vllm_compat/adaptive_profile.py`."""
+        a = self.adaptive
+        if a is None or not a.cfg.cost_model:
+            return
+        from vllm_specx.adaptive.costs import CostModel, grid, time_call
+
+        t0 = time.perf_counter()
+        dev, dtype = self.device, runner.model_config.dtype
+        sched = runner.scheduler_config
+        max_tokens = max(2, min(sched.max_num_batched_tokens, 512))
+        max_reqs = max(2, min(sched.max_num_seqs, 128))
+        hidden = runner.model_config.get_hidden_size()
+        saved = self.__dict__.get("dummy_run")
+        self.dummy_run = lambda *args, **kwargs: None  # the target's dummy run also drafts
+        target = {}
+        try:
+            for t in grid(max_tokens):
+                h = torch.randn(t, hidden, device=dev, dtype=dtype)
+                target[t] = time_call(lambda: (runner._dummy_run(t, force_attention=True),
+                                               runner.model.compute_logits(h)), dev)
+        finally:
+            if saved is None:
+                del self.dummy_run
+            else:
+                self.dummy_run = saved
+        slots = max(self.dspark.query_slots(self.num_speculative_tokens), 1)
+        backbone, slot, skip = {}, {}, {}
+        dh = self.hidden_size
+        for r in grid(max_reqs):
+            backbone[r] = time_call(lambda: self.dummy_run(r * slots, use_cudagraphs=False), dev)
+            h = torch.randn(r, dh, device=dev, dtype=dtype)
+            slot[r] = time_call(lambda: self.model.compute_logits(h).argmax(-1), dev)
+            taps = torch.randn(r, self.dspark.target_hidden_size * len(self.dspark.target_layer_ids),
+                               device=dev, dtype=dtype)
+            skip[r] = time_call(lambda: self.model.combine_hidden_states(taps), dev)
+        a.costs = CostModel(target, backbone, slot, skip)
+        logger.info("vllm-specx adaptive drafting: cost tables profiled in %.1f s: %s",
+                    time.perf_counter() - t0, a.costs.summary())
+
+
+def make_adaptive(vllm_config, dspark, num_speculative_tokens: int) -> AdaptiveDrafting | None:
+    """The proposer's adaptive-drafting state, or None when `adaptive` is off; ValueError naming
+    the option for a setting this engine cannot honour."""
+    spec = vllm_config.speculative_config
+    cfg = AdaptiveConfig.from_options(getattr(spec, "specx_adaptive", None) or {},
+                                      getattr(spec, "enable_adaptive_verification", False))
+    if not cfg.enabled:
+        return None
+    if cfg.confidence == "head" and dspark.confidence_head is None:
+        raise ValueError(f"vllm-specx: speculative_config option 'adaptive_confidence' = 'head': the "
+                         f"draft {spec.model} has no confidence head (use 'auto' or 'estimator')")
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        raise ValueError("vllm-specx: speculative_config option 'adaptive' needs synchronous scheduling "
+                         "(the runner cuts drafts before the scheduler sees them): pass "
+                         "--no-async-scheduling (async_scheduling=False)")
+    if vllm_config.parallel_config.tensor_parallel_size > 1:
+        raise ValueError("vllm-specx: speculative_config option 'adaptive' is not supported with "
+                         "tensor_parallel_size > 1 yet (each rank would decide on its own timings)")
+    source = "head" if cfg.confidence != "estimator" and dspark.confidence_head is not None else "estimator"
+    logger.info("vllm-specx: adaptive drafting on (confidence from the %s, %s)", source,
+                "cost model" if cfg.cost_model else f"threshold {cfg.threshold} only")
+    return AdaptiveDrafting(cfg, num_speculative_tokens, source)

@@ -17,6 +17,16 @@ Which tokens the sequential (Markov) head sees, `--chain-tokens`:
   distribution is conditioned on x, not on the draft, so this trains on cases serving discards;
   it is here to measure that.
 
+The confidence head (`--confidence-head hidden|hidden+markov`, DSpark's confidence-scheduled
+drafting): p_k = sigmoid(proj([h_k; W1[prev_k]])) per draft slot, trained with the trainer's
+`--confidence-weight` / `--train-only confidence` against the slot's realised teacher-forced
+acceptance (`training.losses.confidence_labels`, on the slots a block reaches). Its inputs (slot
+states, W1[prev]) are detached: its loss trains the head, never the drafts it judges.
+`--train-only confidence --init-from <draft>` adds a head to a trained draft and leaves every
+other tensor as it was (refused when the warm start would initialise anything else anew or drop
+a tensor). The proposer reads the head with prev = its own drafts (`drafted_confidence`), which
+is the teacher-forced input wherever the earlier drafts were accepted.
+
 `tests/e2e/test_draft_probs.py` checks that the per-slot q of this forward (for a block whose
 continuation is the proposer's drafts) equals what vLLM's rejection sampler receives.
 """
@@ -28,6 +38,7 @@ import random
 
 import torch
 
+from vllm_specx.checkpoint import load_tensors
 from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
@@ -40,7 +51,7 @@ from vllm_specx.training.taps import select_taps
 # What a training record written before an argument existed meant by leaving it out (the
 # trainer's `--config` reads these for absent keys): the baseline, so old records re-run as they ran.
 RECORD_DEFAULTS = {"taps": "", "final_layer_tap": False, "per_layer_fusion": False,
-                   "slot_queries": False, "init_from": None}
+                   "slot_queries": False, "init_from": None, "confidence_head": None}
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -74,6 +85,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sliding-window", type=int, default=None, help="context window of a block")
     ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
                     help="previous tokens the Markov head is trained on (see the module docstring)")
+    ap.add_argument("--confidence-head", default=None, choices=["hidden", "hidden+markov"],
+                    help="add the per-slot acceptance-probability head, reading the slot's hidden "
+                         "state (and W1[prev]); train it with --confidence-weight or --train-only confidence")
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> DSparkDraft:
@@ -94,16 +108,31 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         markov_head_type=getattr(args, "markov_head_type", "vanilla"),
         sliding_window=getattr(args, "sliding_window", None),
         final_layer_tap=args.final_layer_tap, per_layer_fusion=args.per_layer_fusion,
-        slot_queries=args.slot_queries)
+        slot_queries=args.slot_queries, confidence_head=getattr(args, "confidence_head", None))
+    only_confidence = getattr(args, "train_only", None) == "confidence"
+    if cfg.confidence_head and getattr(args, "chain_tokens", "target") != "target":
+        raise SystemExit("--confidence-head: its labels are the teacher-forced acceptance (previous "
+                         "tokens the target's); train it with --chain-tokens target")
+    if only_confidence and not args.init_from:
+        raise SystemExit("--train-only confidence: give the trained draft to add the head to with --init-from")
     draft = DSparkDraft(cfg, embed, lm_head)
     for name, p in draft.named_parameters():
         if p.dim() > 1 and name not in ("slot_queries", "fusion_logits"):  # those start at the baseline
             torch.nn.init.normal_(p, std=0.02)
     torch.nn.init.zeros_(draft.markov_head.markov_w2.weight)  # start as pure DFlash logits
+    if cfg.confidence_head:
+        torch.nn.init.zeros_(draft.confidence_head.proj.bias)  # p = 1/2 up to the small weights
     try:
         init_final_tap(draft, target.name_or_path)
         if args.init_from:
-            warm_start(draft, args.init_from)
+            fresh = warm_start(draft, args.init_from)
+            other = [] if not only_confidence else (
+                [n for n in fresh if not n.startswith("confidence_head.")]
+                + sorted(set(load_tensors(args.init_from)) - set(draft.state_dict())))  # dropped ones
+            if other:
+                raise SystemExit(f"--train-only confidence --init-from {args.init_from}: this draft's "
+                                 f"{other} would start anew or be dropped (give the same "
+                                 "draft flags it was trained with: taps, recipe switches, head type)")
     except (OSError, ValueError) as e:
         raise SystemExit(f"--init-from {args.init_from}: {e}" if args.init_from else str(e)) from None
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
@@ -142,8 +171,10 @@ def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int
     return b
 
 
-def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
-    """Teacher-forced draft logits [B, M, n, V] for every block, with their targets [B, M, n]."""
+def slot_states(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher-forced blocks' query-slot states [B, M, o + n, H] (post-norm) and each slot's
+    previous token [B, M, o + n] (prev of draft k = x_{a+k}; in the fill-in layout slot 0, the
+    anchor's, has the anchor too)."""
     bsz, s = b["taps"].shape[:2]
     m, n = b["targets"].shape[1:]
     q = b["pos"].shape[1] // m
@@ -154,12 +185,37 @@ def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
     slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}
     if o:  # fill-in: slot 0 (the anchor's) has the anchor as prev too
         slot_prev = torch.cat([b["block_ids"].view(bsz, m, q)[..., :1], slot_prev], -1)
+    return h[:, :, :o + n], slot_prev[..., :o + n]
+
+
+def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
+    """Teacher-forced draft logits [B, M, n, V] for every block, with their targets [B, M, n] (and
+    the confidence head's logits [B, M, n] when the draft has one)."""
+    h, slot_prev = slot_states(draft, b)
+    o = draft.cfg.slot_offset
     if b.get("chain_tokens", "target") == "draft":
-        logits = own_chain_logits(draft, h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
+        logits = own_chain_logits(draft, h, slot_prev)[:, :, o:]
     else:
-        logits = draft.slot_logits(h[:, :, :o + n], slot_prev[..., :o + n])[:, :, o:o + n]
+        logits = draft.slot_logits(h, slot_prev)[:, :, o:]
+    conf = None
+    if draft.cfg.confidence_head is not None:  # inputs detached: the BCE trains the head only
+        conf = draft.confidence_logits(h, slot_prev, detach=True)[:, :, o:]
     return DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
-                       target_logp=b.get("topk_logp"))
+                       target_logp=b.get("topk_logp"), confidence=conf)
+
+
+@torch.no_grad()
+def drafted_confidence(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The confidence logits [B, M, n] as the proposer has them before verification: slot k's
+    previous token is the head's own greedy draft k - 1 (the anchor for the first), not the
+    target's token. Equal to `forward`'s wherever drafts < k are the target's tokens, i.e. on
+    every slot a greedy-verified block reaches."""
+    h, slot_prev = slot_states(draft, b)
+    o = draft.cfg.slot_offset
+    own = own_chain_logits(draft, h, slot_prev).argmax(-1)
+    prev = slot_prev.clone()
+    prev[..., o + 1:] = own[..., o:-1]
+    return draft.confidence_logits(h, prev)[:, :, o:]
 
 
 def own_chain_logits(draft: DSparkDraft, h: torch.Tensor, slot_prev: torch.Tensor) -> torch.Tensor:

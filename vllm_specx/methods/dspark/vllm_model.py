@@ -4,8 +4,8 @@ The backbone (tap fusion `fc`, context K/V projected from the fused taps into ev
 cache, one non-causal pass over the query block) is vLLM's `DFlashQwen3ForCausalLM`, used as is.
 This class adds what makes it DSpark: the Markov head (`model.MarkovHead`: vanilla, gated or
 rnn), the logit correction that depends on the previously sampled token, which `DSparkProposer`
-applies left to right, the confidence head when the checkpoint has one (loaded, not used to
-draft), and the full recipe's per-layer tap fusion (each layer's context K/V from its own mixture
+applies left to right, the confidence head when the checkpoint has one (read by adaptive
+drafting), and the full recipe's per-layer tap fusion (each layer's context K/V from its own mixture
 of the fc's per-tap parts, `model.layer_contexts`) and per-slot learned queries
 (`model.with_slot_queries`). The final-layer tap needs nothing here: vLLM captures the target's
 aux hidden state L (after its last layer, before the final norm) like any other. The heads and
@@ -86,7 +86,7 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         dtype = vllm_config.model_config.dtype
         self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank,
                                       cfg.hidden_size, cfg.markov_head_type).to(dtype).requires_grad_(False)
-        if cfg.confidence_head is not None:  # loaded for adaptive drafting; drafting does not read it
+        if cfg.confidence_head is not None:  # read by adaptive drafting (`adaptive: true`)
             width = cfg.hidden_size + (cfg.markov_rank if cfg.confidence_head == "hidden+markov" else 0)
             self.confidence_head = ConfidenceHead(width).to(dtype).requires_grad_(False)
         if cfg.per_layer_fusion:
@@ -151,6 +151,15 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         """`markov_step` for `model.sequential_drafts` over the sample slots' post-norm states
         slot_hidden [B, N, H]; the bias is scaled like the base logits."""
         return head_stepper(self.markov_head, slot_hidden, self.logits_processor.scale)
+
+    def confidence_logits(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """`DSparkDraft.confidence_logits` on the served head: h [..., H] post-norm slot states,
+        prev [...] the token each slot's draft follows (the anchor, then the previous draft)."""
+        if self.dspark.confidence_head is None:
+            raise ValueError("this DSpark draft has no confidence head")
+        if self.dspark.confidence_head == "hidden+markov":
+            h = torch.cat([h, self.markov_head.markov_w1(prev.long()).to(h.dtype)], -1)
+        return self.confidence_head(h)
 
     def initial_state(self, anchor_ids: torch.Tensor, slot0: torch.Tensor | None):
         return initial_state(self.markov_head, self.dspark, anchor_ids, slot0)

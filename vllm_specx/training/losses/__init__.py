@@ -22,7 +22,10 @@ untruncated target p*, |TV(p*, q) - TV(p, q)| <= 1 - sum_S p*(v) (the stored top
 et al. 2023) when it is reached, so `1 + sum_j prod_{i<=j} alpha_i` is the expected number of
 tokens per target pass (tau) if the positions were independent (`analytic_tau`).
 
-`LOSSES` maps the trainer's `--loss` names to the functions.
+`LOSSES` maps the trainer's `--loss` names to the functions. The confidence head's loss
+(`confidence_bce`, on per-slot acceptance logits rather than on the draft logits) is separate:
+the trainer adds it to the draft loss with `--confidence-weight`, or trains it alone
+(`--train-only confidence`); its labels are `confidence_labels`.
 """
 
 from __future__ import annotations
@@ -45,12 +48,15 @@ class DraftOutput:
         targets: [..., N] int64 token each position should predict, IGNORE for no loss.
         target_ids: [..., N, k] int64 the target's top-k tokens there (None: not stored).
         target_logp: [..., N, k] their log-probabilities under the target's full softmax.
+        confidence: [..., N] the draft's confidence-head logits (the predicted probability that
+            draft k is accepted given drafts < k were), or None when the draft has no such head.
     """
 
     logits: torch.Tensor
     targets: torch.Tensor
     target_ids: torch.Tensor | None = None
     target_logp: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
 
 def position_weights(n: int, gamma: float) -> torch.Tensor:
@@ -215,6 +221,99 @@ def per_position_acceptance(out: DraftOutput) -> torch.Tensor:
     """[N] mean alpha_k over valid rows (the sampled-serving acceptance rate of each position)."""
     _, valid, _ = _flat(out)
     return (acceptance_rate(out) * valid).sum(0) / valid.sum(0).clamp(min=1)
+
+
+# ---- the confidence head ---------------------------------------------------------------------------
+
+CONFIDENCE_LABELS = ("greedy", "soft")
+CONFIDENCE_SLOTS = ("reached", "all")
+
+
+def greedy_target(out: DraftOutput) -> torch.Tensor:
+    """[R, N] the target's greedy token g_k at each position: the first of its stored top-k when the
+    data has one, else the data's token y_k (the same token when the data was generated at
+    temperature 0, as the committed data is), IGNORE where y_k is."""
+    _, _, n = _flat(out)
+    targets = out.targets.reshape(-1, n)
+    if out.target_ids is None:
+        return targets
+    return torch.where(targets == IGNORE, IGNORE, out.target_ids.reshape(-1, n, out.target_ids.shape[-1])[..., 0])
+
+
+@torch.no_grad()
+def confidence_labels(out: DraftOutput, kind: str = "greedy") -> torch.Tensor:
+    """[R, N] the realised acceptance of each draft slot, the confidence head's label (no gradient):
+
+        greedy:  c_k = [argmax_v z_k(v) == g_k]      g_k = the target's greedy token (`greedy_target`)
+        soft:    c_k = alpha_k = sum_v min(p_k(v), q_k(v))      (needs the data's top-k)
+
+    z_k are the draft's logits at slot k of the trainer's teacher-forced block (the sequential head
+    read the true previous tokens x_{a+1..a+k}), so c_k is the acceptance of draft k *given drafts
+    < k were accepted*: at temperature 0 those drafts then were x_{a+1..a+k}, which is what the
+    block conditions on. `greedy` is what greedy verification does (accept iff the draft is the
+    target's argmax); `soft` is the probability that token-wise rejection sampling accepts a draft
+    sampled from q_k. Which slots the head learns from is `confidence_weights`'.
+    """
+    if kind == "greedy":
+        logits, _, n = _flat(out)
+        return (logits.argmax(-1) == greedy_target(out)).to(logits.dtype)
+    if kind == "soft":
+        return acceptance_rate(out)
+    raise ValueError(f"confidence label {kind!r} not one of {CONFIDENCE_LABELS}")
+
+
+def confidence_weights(labels: torch.Tensor, valid: torch.Tensor, slots: str = "reached") -> torch.Tensor:
+    """[R, N] each slot's weight in the confidence BCE:
+
+        reached:  m_k = valid_k * prod_{i<k} c_i      (1 for slot 0)
+        all:      m_k = valid_k
+
+    Why `reached`: the head's p_k is read as P(draft k accepted | drafts < k accepted), and the
+    survival prod_{i<=k} p_i is only the chance that drafts 0..k all pass if every factor is that
+    conditional. The teacher-forced label c_k has the right *inputs* (the previous tokens are the
+    ones an accepted prefix has), but over all blocks it is the acceptance of slot k in every
+    block, also those whose earlier drafts failed; acceptance runs in streaks (easy text is easy at
+    every slot), so that rate is lower than the rate among the blocks that reach slot k, and the
+    product of such p's under-predicts the accepted length. Weighting slot k by whether drafts
+    < k were accepted (greedy labels: 0/1; soft: the chance of reaching it) makes the BCE's
+    minimiser the conditional rate among blocks that reach k, which is what serving meets.
+    """
+    v = valid.to(labels.dtype)
+    if slots == "all":
+        return v
+    if slots != "reached":
+        raise ValueError(f"confidence slots {slots!r} not one of {CONFIDENCE_SLOTS}")
+    reach = torch.cumprod(torch.cat([torch.ones_like(labels[..., :1]), labels[..., :-1] * v[..., :-1]], -1), -1)
+    return v * reach
+
+
+def confidence_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of the confidence head, p_k = sigmoid(s_k) against the realised
+    acceptance c_k in [0, 1] (`confidence_labels`), weighted by m (`confidence_weights`):
+
+        L = sum_{r,k} m_{r,k} * (-c_{r,k} log p_{r,k} - (1 - c_{r,k}) log(1 - p_{r,k})) / sum m_{r,k}
+
+    with s [..., N] the head's logits, c [..., N] and m [..., N] >= 0 (0 for a slot past the end of
+    the sequence, or one the block does not reach: it carries neither loss nor gradient). No
+    position decay: every reached slot's probability should be right, the late ones included (they
+    decide where a block is cut).
+
+    Why: serving reads p_k as the probability that draft k is accepted given drafts < k were, and
+    verifies drafts while the survival prod_{i<=k} p_i is worth it. BCE is a proper scoring rule, so
+    its minimiser is the true acceptance rate given the head's inputs: a calibrated p, hence a
+    calibrated survival, which is what the number of drafts to verify is chosen from. Its gradient
+    is m (p - c) / sum m per slot (sigmoid folded into the loss, stable for large |s|).
+    """
+    m = mask.to(logits.dtype)
+    per = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
+    return (per * m).sum() / m.sum().clamp(min=1e-12)
+
+
+def brier_score(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Weighted mean squared error of predicted acceptance probabilities: sum m (p - c)^2 / sum m
+    (0 is perfect; the constant p = the mean of c scores its variance)."""
+    m = mask.to(probs.dtype)
+    return (((probs - labels.to(probs.dtype)) ** 2) * m).sum() / m.sum().clamp(min=1e-12)
 
 
 LOSSES = {"ce": cross_entropy, "ce-argmax": cross_entropy_argmax, "kl": forward_kl,

@@ -1,0 +1,92 @@
+"""Confidence-scheduled drafting (`adaptive: true`) end to end in vLLM on CPU, reference target:
+greedy output stays the no-spec output while drafts are cut per request and whole passes are
+skipped; vLLM's own spec-decode counters count the verified drafts, ours the drafted ones; the
+confidence comes from the draft's head when it has one; bad settings are refused by name.
+The distribution test with adaptive drafting on is in `test_lossless.py`."""
+
+import pytest
+from vllm import SamplingParams
+
+from .. import helpers as T
+from ..helpers import random_draft, write
+from vllm_specx.adaptive.controller import worker_summary
+
+pytestmark = pytest.mark.e2e
+DRAFT = str(T.ASSETS / "drafts" / "ref-dspark")
+PARAMS = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+K = 7
+
+
+@pytest.fixture(scope="module")
+def many_prompts():
+    return T.load_prompts("code", limit=16)
+
+
+@pytest.fixture(scope="module")
+def nospec(many_prompts):
+    with T.cpu_llm(T.REF_TARGET) as llm:
+        return [o.outputs[0].token_ids for o in llm.generate(many_prompts, PARAMS, use_tqdm=False)]
+
+
+def _run(spec_extra, prompts, draft=DRAFT):
+    spec = {"method": "dspark", "model": draft, "num_speculative_tokens": K, **spec_extra}
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+        return outs, T.spec_metrics(llm), llm.collective_rpc(worker_summary)[0]
+
+
+@pytest.mark.parametrize("mode", ["threshold", "cost-model"])
+def test_greedy_output_unchanged_while_drafts_are_cut(mode, many_prompts, nospec):
+    extra = ({"adaptive": True, "adaptive_cost_model": False, "adaptive_threshold": 0.5}
+             if mode == "threshold" else {"adaptive": True})
+    outs, metrics, st = _run(extra, many_prompts)
+    assert outs == nospec
+    assert st is not None and st["confidence"] == "estimator" and st["draft_passes"] > 0
+    lengths = st["verify_length_counts"]
+    assert sum(1 for c in lengths if c) >= 2, lengths  # requests got different lengths
+    assert st["verified_tokens"] < st["drafted_tokens"], st  # drafts were cut
+    # vLLM's counter of drafts sent to verification follows ours of drafts kept after the cut
+    # (not the drafted ones); vLLM itself drops those past a request's max_tokens at its end.
+    assert 0.85 * st["verified_tokens"] <= metrics["num_draft_tokens"] <= st["verified_tokens"], (metrics, st)
+    assert metrics["num_accepted_tokens"] == st["realised_accepted"], (metrics, st)
+    if mode == "cost-model":
+        assert "target_ms" in st["costs"] and st["costs"]["steps_observed"] > 10, st["costs"]
+
+
+def test_skipped_passes_keep_output_and_drafting_resumes(many_prompts, nospec):
+    """A threshold no draft reaches makes every plan 'does not pay': passes are skipped with
+    back-off (the draft's context cache still written), probes still draft."""
+    outs, metrics, st = _run({"adaptive": True, "adaptive_threshold": 0.999, "adaptive_max_skip": 4},
+                             many_prompts)
+    assert outs == nospec
+    assert st["skipped_passes"] > st["draft_passes"] > 0, st
+    assert metrics.get("num_draft_tokens", 0) <= st["verified_tokens"]
+
+
+def test_draft_with_a_confidence_head_uses_it(tmp_path, target, many_prompts, nospec):
+    draft = random_draft(target, confidence_head="hidden+markov")
+    path = write(draft, tmp_path / "conf")
+    outs, _, st = _run({"adaptive": True, "adaptive_confidence": "head"}, many_prompts, path)
+    assert outs == nospec and st["confidence"] == "head" and st["draft_passes"] > 0
+    # the estimator is not trained when the head scores the drafts
+    assert "estimator" not in st
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive": True,
+      "adaptive_confidence": "head"}, "adaptive_confidence"),
+    ({"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive_threshold": 0.2},
+     "need 'adaptive': true"),
+    ({"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive": True,
+      "adaptive_max_skip": -1}, "adaptive_max_skip"),
+    ({"method": "mtp", "model": str(T.ASSETS / "drafts" / "ref-mtp"), "num_speculative_tokens": K,
+      "adaptive": True}, "adaptive drafting is implemented for method"),
+    ({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "adaptive": True},
+     "adaptive drafting is implemented for method"),
+])
+def test_unsupported_adaptive_settings_are_refused_by_name(spec, field):
+    with pytest.raises(Exception) as err:
+        with T.cpu_llm(T.REF_TARGET, speculative_config=spec):
+            pass
+    msg = str(err.value)
+    assert "vllm-specx" in msg and field in msg and "\n" not in msg.strip(), msg
