@@ -14,7 +14,7 @@ from vllm_specx.adaptive.costs import CostModel, monotone
 from vllm_specx.adaptive.estimator import OnlineAcceptanceEstimator, feature
 from vllm_specx.ops.acceptance import acceptance_sample
 
-from .ops.test_acceptance_distribution import ALPHA, _row, make_chain, position_pvalues
+from .ops.test_acceptance_distribution import ALPHA, _row, draw_chains, make_chain, position_pvalues
 
 
 def _linear(per_token: float, fixed: float):
@@ -95,18 +95,8 @@ def test_scheduler_backs_off_exponentially_and_tracks_level_and_horizon():
 
 def _draws(p, q, n, seed):
     """n drafted chains: ((drafts [n, K], q rows [n, K, V]), p rows [n, K, V])."""
-    g = torch.Generator().manual_seed(seed)
-    k, v = len(q), p[0].shape[1]
-    prev = torch.zeros(n, dtype=torch.long)
-    drafts, p_rows, q_rows = [], [], []
-    for j in range(k):
-        qj = _row(q[j], prev)
-        x = (qj / torch.empty(n, v).exponential_(generator=g)).argmax(-1)
-        p_rows.append(_row(p[j], prev))
-        q_rows.append(qj)
-        drafts.append(x)
-        prev = x
-    return (torch.stack(drafts, 1), torch.stack(q_rows, 1)), torch.stack(p_rows, 1)
+    x, p_rows, q_rows = draw_chains(p, q, n, torch.Generator().manual_seed(seed))
+    return (x, q_rows), p_rows
 
 
 def _simulate_cut(p, q, method, lengths_of, n=100_000, seed=7):

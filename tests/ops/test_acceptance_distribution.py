@@ -65,9 +65,10 @@ def _row(table, prev):
     return table[torch.zeros_like(prev)] if table.shape[0] == 1 else table[prev]
 
 
-def simulate(p, q, method, *, onehot=False, n=N, seed=0, verify_q=None):
-    """Draft, verify and continue `n` chains. Returns (tokens [n, K+1], accepted drafts [n])."""
-    g = torch.Generator().manual_seed(seed)
+def draw_chains(p, q, n, g, *, onehot=False, verify_q=None):
+    """Draft `n` K-token chains from q (argmax for a greedy drafter). Returns drafts [n, K] and
+    the target's and draft's rows at each draft, [n, K, V] each (the draft rows from `verify_q`
+    when given)."""
     K, V = len(q), p[0].shape[1]
     prev = torch.zeros(n, dtype=torch.long)
     drafts, p_rows, q_rows = [], [], []
@@ -79,11 +80,19 @@ def simulate(p, q, method, *, onehot=False, n=N, seed=0, verify_q=None):
         q_rows.append(qj if verify_q is None else _row(verify_q[j], prev))
         drafts.append(x)
         prev = x
-    bonus = _row(p[K], prev)
+    return torch.stack(drafts, 1), torch.stack(p_rows, 1), torch.stack(q_rows, 1)
+
+
+def simulate(p, q, method, *, onehot=False, n=N, seed=0, verify_q=None):
+    """Draft, verify and continue `n` chains. Returns (tokens [n, K+1], accepted drafts [n])."""
+    g = torch.Generator().manual_seed(seed)
+    K, V = len(q), p[0].shape[1]
+    drafts, p_rows, q_rows = draw_chains(p, q, n, g, onehot=onehot, verify_q=verify_q)
+    bonus = _row(p[K], drafts[:, -1])
     out = acceptance_sample(
-        torch.stack(drafts, 1).reshape(-1), torch.arange(1, n + 1) * K,
-        torch.stack(p_rows, 1).reshape(n * K, V), bonus,
-        None if onehot else torch.stack(q_rows, 1).reshape(n * K, V),
+        drafts.reshape(-1), torch.arange(1, n + 1) * K,
+        p_rows.reshape(n * K, V), bonus,
+        None if onehot else q_rows.reshape(n * K, V),
         torch.zeros(n, dtype=torch.bool), torch.rand(n * K, dtype=torch.float64, generator=g),
         torch.empty(n, V).exponential_(generator=g), method=method, impl="torch")
     y = out.long()

@@ -69,8 +69,3 @@ class AdaptiveConfig:
                    threshold=options.get("adaptive_threshold", 0.0),
                    cost_model=options.get("adaptive_cost_model", True),
                    max_skip=options.get("adaptive_max_skip", 32))
-
-    def to_options(self) -> dict[str, Any]:
-        return {"adaptive": self.enabled, "adaptive_confidence": self.confidence,
-                "adaptive_threshold": self.threshold, "adaptive_cost_model": self.cost_model,
-                "adaptive_max_skip": self.max_skip}

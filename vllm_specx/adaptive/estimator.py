@@ -34,7 +34,6 @@ class OnlineAcceptanceEstimator:
         self._slot = torch.empty(0, dtype=torch.long)
         self._y = torch.empty(0, dtype=torch.float64)
         self._pending = 0
-        self.observations = 0
 
     def confidences(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [R, m] (from `feature`) -> confidences [R, m] (float64)."""
@@ -49,7 +48,6 @@ class OnlineAcceptanceEstimator:
         self._slot = torch.cat([self._slot, slots.long().flatten()])[-self.capacity:]
         self._y = torch.cat([self._y, labels.double().flatten()])[-self.capacity:]
         self._pending += feats.numel()
-        self.observations += feats.numel()
         if self._pending >= self.refit_every:
             self._pending = 0
             self.refit()
