@@ -17,5 +17,5 @@ start=$(date +%s)
 .venv/bin/python -m pytest -q -p no:cacheprovider -rA \
     tests/e2e/test_load.py tests/e2e/test_cpu_repairs.py tests/e2e/test_reliability.py \
     tests/e2e/test_tensor_parallel.py tests/test_malformed_drafts.py tests/e2e/test_serve_refuses_bad_drafts.py \
-    "$@" 2>&1 | tee "$SPECX_RELIABILITY_OUT/pytest.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed"
+    "$@" 2>&1 | sed "s|$PWD/||g" | tee "$SPECX_RELIABILITY_OUT/pytest.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed"
 echo "reliability suite: $(( $(date +%s) - start )) s; summaries in $SPECX_RELIABILITY_OUT"

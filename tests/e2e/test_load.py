@@ -60,4 +60,7 @@ def test_concurrent_streams_with_aborts_and_seeds(tmp_path, drafter):
     out = os.environ.get("SPECX_RELIABILITY_OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / f"load-{drafter}.json").write_text(json.dumps({"drafter": DRAFTERS[drafter], **summary}, indent=1))
+        spec = dict(DRAFTERS[drafter])
+        if "model" in spec:  # recorded as assets/..., not as this machine's path
+            spec["model"] = str("assets" / Path(spec["model"]).relative_to(T.ASSETS))
+        (Path(out) / f"load-{drafter}.json").write_text(json.dumps({"drafter": spec, **summary}, indent=1))
