@@ -148,14 +148,16 @@ def read_rejection_spy(worker) -> list:
 
 
 def sampler_counters(worker) -> dict | None:
-    """The runner's rejection sampler: class, and (ours) forward calls and the acceptance op's
-    completed calls per method (`op_calls`, `random_op_calls`: counted inside the op's call)."""
+    """The runner's rejection sampler: class, and (ours) forward calls, the acceptance op's
+    completed calls per method (`op_calls`, `random_op_calls`: counted inside the op's call) and
+    the steps without any draft, answered without the op (`empty_calls`)."""
     rs = getattr(worker.model_runner, "rejection_sampler", None)
     if rs is None:
         return None
     return {"class": type(rs).__name__, "method": getattr(rs, "method", None),
             "calls": getattr(rs, "calls", None), "op_calls": dict(getattr(rs, "op_calls", {}) or {}),
-            "random_op_calls": dict(getattr(rs, "random_op_calls", {}) or {})}
+            "random_op_calls": dict(getattr(rs, "random_op_calls", {}) or {}),
+            "empty_calls": getattr(rs, "empty_calls", None)}
 
 
 def record_draft_passes(worker, limit: int = 8) -> None:
@@ -291,3 +293,58 @@ def write_random_mtp_for(target_config: dict, path, kv_share: bool = True, seed:
 def seeded_rewinds(worker) -> int:
     """Discarded seeded rows whose CPU generator the plugin restored (`repair-cpu-seeded-*`)."""
     return int(getattr(worker.model_runner, "specx_seeded_rewinds", 0) or 0)
+
+
+def schedule_skipped_passes(worker, every: int = 3, context: str = "deferred") -> None:
+    """Worker side, DSparkProposer with `adaptive: true`: draft on every `every`-th pass only
+    (the others are skipped passes, deterministically) and record each draft pass's drafts.
+    `context` says how the skipped passes' context K/V reach the draft's cache: "deferred" (as
+    served: queued, written in one batch before the next draft pass), "eager" (the reference:
+    vLLM's DFlash input kernel and `build_model_inputs_first_pass` at once, in the skipped pass),
+    "lost" (the queue dropped unwritten: a negative control)."""
+    import itertools
+    import types
+
+    d = worker.model_runner.drafter
+    counter = itertools.count()
+    d.adaptive.scheduler.draft_now = lambda reqs=None: next(counter) % every == 0
+    d._specx_drafts = []
+    orig = d._adaptive_drafts
+
+    def record(*args, **kwargs):
+        tokens, probs = orig(*args, **kwargs)
+        d._specx_drafts.append(tokens.tolist())
+        return tokens, probs
+
+    d._adaptive_drafts = record
+    if context == "eager":
+        d._context_only = types.MethodType(_eager_context, d)
+    elif context == "lost":
+        def drop():
+            d._deferred, d._deferred_tokens = [], 0
+        d._flush_context = drop
+    elif context != "deferred":
+        raise ValueError(f"context must be deferred, eager or lost, got {context!r}")
+
+
+def _eager_context(self, num_speculative_tokens, batch, *, target_token_ids, target_positions,
+                   target_hidden_states, next_token_ids, token_indices_to_sample, common_attn_metadata,
+                   num_rejected_tokens_gpu, **_):
+    """A skipped pass writing its context K/V through vLLM's own DFlash path at once (the
+    reference for `DSparkProposer._defer_context`)."""
+    self.num_speculative_tokens = num_speculative_tokens
+    self._last_draft_probs = None
+    fused = self.model.combine_hidden_states(target_hidden_states)
+    num_tokens, _, _ = self.set_inputs_first_pass(
+        target_token_ids=target_token_ids, next_token_ids=next_token_ids,
+        target_positions=target_positions, target_hidden_states=fused,
+        token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
+        num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+    self.build_model_inputs_first_pass(num_tokens, num_tokens, None)
+    return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
+
+
+def read_scheduled_drafts(worker) -> tuple[list, dict]:
+    """What `schedule_skipped_passes` recorded, and the drafter's counters."""
+    d = worker.model_runner.drafter
+    return list(getattr(d, "_specx_drafts", [])), dict(d.stats)

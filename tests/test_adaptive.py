@@ -91,6 +91,22 @@ def test_scheduler_backs_off_exponentially_and_tracks_level_and_horizon():
     assert off.draft_now() and off.horizon == 7 and off.level == 0.3
 
 
+def test_scheduler_probes_at_once_when_the_batch_shrinks():
+    """While skipping after a pass over 8 requests: 7 requests keep skipping (negative control),
+    5 (< 3/4 of 8) probe at once with the back-off reset."""
+    s = policy.Scheduler(7, max_skip=64)
+    no = policy.Plan(0.9, 0, 2.0, 1.0, pays=False)
+    for _ in range(4):
+        assert s.draft_now(8)
+        s.after_pass([0] * 8, no)
+        while not s.draft_now(8):
+            pass
+    assert s.backoff == 16
+    s.after_pass([0] * 8, no)
+    assert not s.draft_now(7) and not s.draft_now(6)
+    assert s.draft_now(5) and s.backoff == 1 and s.skip_left == 0
+
+
 # ---- lossless whatever is cut ---------------------------------------------------------------
 
 def _draws(p, q, n, seed):

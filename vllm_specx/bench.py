@@ -67,6 +67,9 @@ DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 ADAPTIVE_SUFFIX = "+adaptive"
 
 
+WARM_UP = "The quick brown fox jumps over the lazy dog."
+
+
 def split_sample_method(text: str) -> tuple[str, str | None]:
     """`SPEC@greedy` / `SPEC@probabilistic` -> (SPEC, the draft_sample_method); no suffix -> None."""
     head, at, tail = text.rpartition("@")
@@ -238,7 +241,10 @@ def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eo
         t0 = time.perf_counter()
         with cpu_llm(target, spec, max_num_seqs=job["batch_size"], **engine_args) as llm:
             start_s = round(time.perf_counter() - t0, 1)
-            llm.generate(inputs[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+            # Warm-up on a text outside the measured set: a measured prompt would sit in the prefix
+            # cache, of which vLLM reuses one block less with EAGLE-style drafters (it recomputes
+            # the last block for their hidden states), an edge for no-spec and n-gram only.
+            llm.generate([WARM_UP], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
             for temp in job["temperatures"]:
                 bar.set_postfix_str(f"{p.label} k={job['k']} b={job['batch_size']} T={temp:g}")
                 # No per-request seed: vLLM 0.32's CPU engine dies on seeded requests under load

@@ -63,6 +63,45 @@ def test_skipped_passes_keep_output_and_drafting_resumes(many_prompts, nospec):
     assert metrics.get("num_draft_tokens", 0) <= st["verified_tokens"]
 
 
+@pytest.fixture(scope="module")
+def scheduled_drafts(many_prompts):
+    """Per context mode: outputs, the drafts of every draft pass, drafter counters, with a
+    draft pass on every 3rd step only (threshold mode: every draft of a pass is kept)."""
+    spec = {"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive": True,
+            "adaptive_cost_model": False, "adaptive_threshold": 0.0}
+    out = {}
+    # In-process engine: requests reach the scheduler together, so the three runs see the same
+    # steps (over IPC the engine may start stepping before the last request arrives).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        for context in ("eager", "deferred", "lost"):
+            out[context] = _scheduled_run(spec, context, many_prompts)
+    return out
+
+
+def _scheduled_run(spec, context, prompts):
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        llm.collective_rpc(T.schedule_skipped_passes, kwargs={"every": 3, "context": context})
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+        drafts, stats = llm.collective_rpc(T.read_scheduled_drafts)[0]
+        return outs, drafts, stats
+
+
+def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, nospec):
+    """Skipped passes queue their context K/V and the next draft pass writes them in one batch:
+    every draft pass then drafts what it drafts when each skipped pass writes at once through
+    vLLM's own DFlash input path (same context, same cache). Dropping the queue (negative
+    control) changes the drafts; the output is the no-spec output in all three."""
+    eager, deferred, lost = (scheduled_drafts[c] for c in ("eager", "deferred", "lost"))
+    for outs, _, _ in (eager, deferred, lost):
+        assert outs == nospec
+    assert deferred[2]["deferred_tokens"] > 0 and deferred[2]["context_flushes"] > 0, deferred[2]
+    assert len(deferred[1]) == len(eager[1]) > 10
+    assert deferred[1] == eager[1]
+    same = sum(a == b for a, b in zip(lost[1], eager[1]))
+    assert same < 0.5 * len(eager[1]), (same, len(eager[1]))
+
+
 def test_draft_with_a_confidence_head_uses_it(tmp_path, target, many_prompts, nospec):
     draft = random_draft(target, confidence_head="hidden+markov")
     path = write(draft, tmp_path / "conf")

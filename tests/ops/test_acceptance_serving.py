@@ -134,3 +134,96 @@ def test_counters_record_the_method_passed_to_the_op(monkeypatch):
     assert seen == ["block", "block", "token"]
     assert sampler.op_calls == {"token": 1, "block": 2}
     assert sampler.random_op_calls == {"token": 1, "block": 1}
+
+
+@pytest.mark.parametrize("all_greedy", [False, True], ids=["random", "greedy"])
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_step_without_drafts_returns_the_op_result_without_the_op(all_greedy, method, monkeypatch):
+    """A verification step with no draft in the batch (every draft cut, or a skipped pass) is
+    answered without building the op's [B, V] inputs: the same tokens and dtype the op gives,
+    no generator touched, counted as `empty_calls`; a step with one draft still runs the op."""
+    g = torch.Generator().manual_seed(3)
+    state = _state(g)
+    args = _inputs([0, 0, 0], generators={1: g}, all_greedy=all_greedy)
+    t1 = rs._ACTIVE.set(method)
+    try:
+        want = rs.acceptance_sample(args[0].long(), args[3], torch.zeros(0, V),
+                                    torch.nn.functional.one_hot(args[6].view(-1).long(), V).float(),
+                                    args[4], torch.ones(3, dtype=torch.bool), torch.zeros(0, dtype=torch.float64),
+                                    torch.ones(3, V), method=method, max_num_draft_tokens=0)
+        calls = []
+        real = rs.acceptance_sample
+        monkeypatch.setattr(rs, "acceptance_sample", lambda *a, **k: calls.append(1) or real(*a, **k))
+        sampler = SimpleNamespace(op_calls={"token": 0, "block": 0}, random_op_calls={"token": 0, "block": 0},
+                                  empty_calls=0)
+        t2 = rs._SAMPLER.set(sampler)
+        try:
+            got = rs.specx_rejection_sample(*args)
+            assert not calls and sampler.empty_calls == 1
+            rs.specx_rejection_sample(*_inputs([0, 1, 0], all_greedy=all_greedy))
+            assert calls == [1] and sampler.empty_calls == 1  # negative control: a draft runs the op
+        finally:
+            rs._SAMPLER.reset(t2)
+    finally:
+        rs._ACTIVE.reset(t1)
+    assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want), (got, want)
+    assert torch.equal(_state(g), state)
+
+
+def _sampling_metadata(batch, *, greedy_rows=(), generators=None, max_num_logprobs=None):
+    import dataclasses
+
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    temperature = torch.tensor([0.0 if i in greedy_rows else 0.8 for i in range(batch)])
+    values = dict(temperature=temperature, all_greedy=len(greedy_rows) == batch, all_random=not greedy_rows,
+                  top_p=None, top_k=None, generators=generators or {}, max_num_logprobs=max_num_logprobs,
+                  no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(batch),
+                  presence_penalties=torch.zeros(batch), repetition_penalties=torch.ones(batch),
+                  output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None,
+                  bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+    names = {f.name for f in dataclasses.fields(SamplingMetadata)}
+    return SamplingMetadata(**{k: v for k, v in values.items() if k in names})
+
+
+def test_forward_without_drafts_samples_like_no_spec(monkeypatch):
+    """A step with no draft anywhere in the batch goes straight to vLLM's sampler with the step's
+    sampling parameters: the tokens a no-spec engine samples from the same logits and generators
+    (greedy and seeded rows), int32 [B, 1], counted as `empty_calls`. With logprobs requested
+    (or any draft) vLLM's full path runs instead (negative control)."""
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    B = 4
+    logits = torch.randn(B, 64, generator=torch.Generator().manual_seed(0))
+
+    def no_drafts():  # what the runner builds for a step whose requests have no draft
+        i32 = dict(dtype=torch.int32)
+        return SpecDecodeMetadata(torch.zeros(0, **i32), [0] * B, torch.zeros(B, **i32),
+                                  torch.arange(1, B + 1, **i32), torch.zeros(0, **i32),
+                                  torch.arange(B, **i32), torch.arange(B, **i32))
+
+    rsampler = rs.SpecxRejectionSampler(Sampler(), None, torch.device("cpu"))
+
+    def gens():
+        return {1: torch.Generator().manual_seed(5), 3: torch.Generator().manual_seed(6)}
+
+    torch.manual_seed(11)
+    got = rsampler(no_drafts(), None, logits.clone(),
+                   _sampling_metadata(B, greedy_rows=(0,), generators=gens()))
+    torch.manual_seed(11)
+    want = Sampler()(logits.clone(), _sampling_metadata(B, greedy_rows=(0,), generators=gens()))
+    assert got.sampled_token_ids.dtype == torch.int32 and got.sampled_token_ids.shape == (B, 1)
+    assert got.sampled_token_ids.view(-1).tolist() == want.sampled_token_ids.view(-1).tolist()
+    assert got.logprobs_tensors is None and rsampler.empty_calls == 1
+    assert got.sampled_token_ids[0, 0] == logits[0].argmax()
+
+    full = []
+    monkeypatch.setattr(RejectionSampler, "forward", lambda self, *a: full.append(a) or "vllm path")
+    assert rsampler(no_drafts(), None, logits.clone(),
+                    _sampling_metadata(B, max_num_logprobs=0)) == "vllm path"
+    assert rsampler(SpecDecodeMetadata.make_dummy([[], [7], [], []], torch.device("cpu")), None,
+                    torch.randn(B + 1, 64), _sampling_metadata(B)) == "vllm path"
+    assert len(full) == 2 and rsampler.empty_calls == 1

@@ -22,6 +22,8 @@ VLLM_INTERNALS = (
     "vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
     "vllm.v1.sample.rejection_sampler:GREEDY_TEMPERATURE",
     "vllm.v1.sample.rejection_sampler:generate_uniform_probs",
+    "vllm.v1.outputs:SamplerOutput",  # answered directly for a step without drafts
+    "vllm.v1.sample.sampler:Sampler.forward",  # called with predict_bonus_token there
 )
 
 

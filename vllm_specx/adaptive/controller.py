@@ -56,8 +56,8 @@ class AdaptiveDrafting:
         self._t0 = now
         self._pass += 1
 
-    def draft_now(self) -> bool:
-        return self.scheduler.draft_now()
+    def draft_now(self, reqs: int | None = None) -> bool:
+        return self.scheduler.draft_now(reqs)
 
     def skipped(self, req_ids: list[str]) -> None:
         self.req_ids, self.lengths = list(req_ids), [0] * len(req_ids)

@@ -8,7 +8,7 @@ know from every engine step: y = the time between the starts of two consecutive 
 minus the first pass's own time (everything the engine did for the step: scheduling, the target
 pass over T tokens, sampling and verification, output processing) is fitted as
 y = overhead + scale * target(T) + spec * [the step verified drafts] by least squares over the
-last 128 steps, pulled towards (0, 1, 0) with the weight of one step (`spec`: what a step with
+last 128 steps (refitted when the model is next read, not at every step), pulled towards (0, 1, 0) with the weight of one step (`spec`: what a step with
 drafts costs beyond its tokens: the rejection sampler, the speculative metadata); and a correction factor of the draft pass (measured /
 modelled, median of the last 64). The tables are made non-decreasing (`monotone`): on a busy
 machine a single timing can dip.
@@ -68,7 +68,26 @@ class CostModel:
         self.skip = monotone(skip or {1: 0.0})
         self._steps = collections.deque(maxlen=2 * _WINDOW)  # (target(T), drafts?, y) per step
         self._draft_ratio = collections.deque(maxlen=_WINDOW)
-        self.overhead, self.scale, self.spec_seconds = 0.0, 1.0, 0.0
+        self._fit = (0.0, 1.0, 0.0)  # overhead, scale, spec
+        self._stale = False  # steps observed since the last fit (refitted when the model is read)
+
+    @property
+    def overhead(self) -> float:
+        return self._fitted()[0]
+
+    @property
+    def scale(self) -> float:
+        return self._fitted()[1]
+
+    @property
+    def spec_seconds(self) -> float:
+        return self._fitted()[2]
+
+    def _fitted(self) -> tuple[float, float, float]:
+        if self._stale:
+            self._stale = False
+            self._refit()
+        return self._fit
 
     # ---- the model -------------------------------------------------------------------------
     def _refit(self) -> None:
@@ -87,7 +106,7 @@ class CostModel:
         if b <= 0.1:  # a steeper-than-flat fit only; else keep the table's shape, shift it
             b = 0.1
             a = float((ys - b * xs - f * zs).mean())
-        self.overhead, self.scale, self.spec_seconds = max(a, 0.0), b, max(f, 0.0)
+        self._fit = (max(a, 0.0), b, max(f, 0.0))
 
     @property
     def draft_correction(self) -> float:
@@ -117,11 +136,12 @@ class CostModel:
         prefill burst) are not a step's cost."""
         x = float(self.target_seconds(torch.tensor([float(tokens)])))
         y = period - drafted_seconds
-        modelled = self.overhead + self.scale * x + (self.spec_seconds if drafts else 0.0)
+        a, b, f = self._fit  # the last fit is enough to spot an outlier
+        modelled = a + b * x + (f if drafts else 0.0)
         if y <= 0 or (len(self._steps) >= 8 and y > 3 * modelled + 0.05):
             return
         self._steps.append((x, float(drafts), y))
-        self._refit()
+        self._stale = True
 
     def observe_draft(self, seconds: float, reqs: int, slots: int) -> None:
         modelled = self.modelled_draft(reqs, slots)

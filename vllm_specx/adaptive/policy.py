@@ -38,9 +38,12 @@ drafting pays at all (decided for the next passes, so the draft cost counts):
     pays  <=>  max_b (R + S_b) / (draft_seconds + verify_seconds(N0 + b))  >  (1 + MARGIN) R / (skip_seconds + verify_seconds(N0))
 
 (MARGIN 5%: a pass that only breaks even is not worth the risk of a wrong estimate.)
-`Scheduler` skips draft passes while it does not pay (a skipped pass still writes the draft's
-context cache, `skip_seconds`), probing again after 1, 2, 4, ... up to `max_skip` skipped passes,
-and computes only as many draft slots as the last pass verified plus one (`horizon`).
+`Scheduler` skips draft passes while it does not pay (a skipped pass still owes the draft's
+context cache the verified tokens' K/V, queued and written in one batch before the next draft
+pass: `skip_seconds`), probing again after 1, 2, 4, ... up to `max_skip` skipped passes,
+or at once when the batch has shrunk below `SHRINK` of the batch of the last draft pass (fewer
+requests make a draft pass cheaper relative to its gain: what did not pay for 16 requests may
+pay for 4), and computes only as many draft slots as the last pass verified plus one (`horizon`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from collections.abc import Callable
 import torch
 
 MARGIN = 0.05
+SHRINK = 0.75
 
 
 def survival(conf: torch.Tensor) -> torch.Tensor:
@@ -82,7 +86,7 @@ def plan(surv: torch.Tensor, verify_seconds: Callable[[torch.Tensor], torch.Tens
         verify_seconds: token counts [n] (float64) -> seconds [n] of a step with that many target tokens.
         base_tokens: N0, target tokens of the next step without drafts (>= R).
         threshold: slots with survival below it are never verified.
-        draft_seconds, skip_seconds: a draft pass and a skipped pass (context cache only).
+        draft_seconds, skip_seconds: a draft pass and a skipped pass (its context cache writes).
         spec_seconds: what a step that verifies any draft costs beyond its tokens.
     """
     r = surv.shape[0]
@@ -108,7 +112,8 @@ def plan(surv: torch.Tensor, verify_seconds: Callable[[torch.Tensor], torch.Tens
 class Scheduler:
     """Which draft passes run, how many slots they compute, and the level of the next cut.
 
-    `draft_now()` is asked once per pass; `after_pass(lengths, plan)` after a pass that drafted."""
+    `draft_now(reqs)` is asked once per pass (reqs: the pass's batch size); `after_pass(lengths,
+    plan)` after a pass that drafted."""
 
     def __init__(self, num_speculative_tokens: int, max_skip: int = 32, cost_model: bool = True,
                  threshold: float = 0.0):
@@ -120,9 +125,13 @@ class Scheduler:
         self.horizon = num_speculative_tokens
         self.backoff = 1
         self.skip_left = 0
+        self.reqs = 0  # batch size of the last draft pass
 
-    def draft_now(self) -> bool:
+    def draft_now(self, reqs: int | None = None) -> bool:
         if self.skip_left > 0:
+            if reqs is not None and reqs < SHRINK * self.reqs:
+                self.skip_left, self.backoff = 0, 1
+                return True
             self.skip_left -= 1
             return False
         return True
@@ -130,6 +139,7 @@ class Scheduler:
     def after_pass(self, lengths: list[int], plan: Plan | None) -> None:
         if not self.cost_model or plan is None:
             return
+        self.reqs = len(lengths)
         self.level = max(plan.level, self.threshold)
         self.horizon = max(1, min(self.k, max(lengths, default=0) + 1, plan.budget + 1))
         if plan.pays:

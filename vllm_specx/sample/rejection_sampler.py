@@ -17,6 +17,7 @@ import logging
 import os
 
 import torch
+from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, generate_uniform_probs
 
 from vllm_specx.ops.acceptance import METHODS, acceptance_sample, draw_exp_noise
@@ -34,7 +35,8 @@ _SAMPLER: contextvars.ContextVar[SpecxRejectionSampler | None] = contextvars.Con
 class SpecxRejectionSampler(RejectionSampler):
     """Counters (read in the worker, e.g. through `LLM.collective_rpc`): `calls` = forward calls;
     `op_calls[m]` = verifications our acceptance op completed with method `m` ("token" /
-    "block"); `random_op_calls[m]` = those with at least one non-greedy request."""
+    "block"); `random_op_calls[m]` = those with at least one non-greedy request; `empty_calls` =
+    steps with no draft to verify (answered without the op)."""
 
     def __init__(self, sampler, spec_config, device, method: str = "token"):
         super().__init__(sampler, spec_config, device)
@@ -44,9 +46,20 @@ class SpecxRejectionSampler(RejectionSampler):
         self.calls = 0
         self.op_calls = dict.fromkeys(METHODS, 0)
         self.random_op_calls = dict.fromkeys(METHODS, 0)
+        self.empty_calls = 0
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         self.calls += 1
+        if metadata.max_spec_len == 0 and sampling_metadata.max_num_logprobs is None \
+                and not getattr(sampling_metadata, "logprob_token_ids", None):
+            # No draft in the step (all cut, or the drafter skipped the pass): the tokens are the
+            # bonus tokens vLLM's path samples first (same sampler, same rows, same parameters);
+            # its logprob bookkeeping and empty verification are skipped.
+            self.empty_calls += 1
+            out = self.sampler(logits=logits[metadata.bonus_logits_indices],
+                               sampling_metadata=sampling_metadata, predict_bonus_token=True)
+            return SamplerOutput(sampled_token_ids=out.sampled_token_ids.view(-1, 1).to(torch.int32),
+                                 logprobs_tensors=None)
         token, sampler = _ACTIVE.set(self.method), _SAMPLER.set(self)
         try:
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
@@ -117,9 +130,18 @@ def specx_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_n
     and, only when they have drafts, their noise vector. A request with zero drafts this step (it
     was just prefilled next to decoding requests, or its drafts were cut) takes nothing from its
     generator, so its tokens do not depend on what else is in the batch.
+
+    A step with no draft at all (every request's drafts were cut, or the drafter skipped the
+    pass) returns vLLM's bonus tokens as they are, which is what the op computes for it (nothing
+    to accept, nothing drawn), without building its [B, V] inputs.
     """
     batch, (num_tokens, vocab) = len(num_draft_tokens), target_logits.shape
     device = target_logits.device
+    if num_tokens == 0:
+        sampler = _SAMPLER.get()
+        if sampler is not None:
+            sampler.empty_calls += 1
+        return bonus_token_ids.view(batch, 1).to(torch.int32)
     method = active_method() or "token"  # "token" when called directly (tests)
     target_probs = target_probs_or_raise(target_logits, num_draft_tokens)
     if sampling_metadata.all_greedy:

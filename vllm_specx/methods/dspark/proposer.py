@@ -22,7 +22,9 @@ every drafted slot a confidence (the draft's confidence head, or the online esti
 draft distribution's top probability), decides how many drafts of each request go to
 verification (the rest are cut in vLLM's runner, `_vllm_compat/adaptive_lengths.py`), computes
 only as many slots as the last pass verified plus one, and skips whole passes while drafting does
-not pay (a skipped pass still writes the draft's context cache).
+not pay. A skipped pass computes nothing: the context K/V it owes the draft's cache are queued and
+written in one batch before the next draft pass (`_defer_context`, `_flush_context`), and vLLM's
+verification of a step without drafts is plain sampling (`SpecxRejectionSampler.forward`).
 
 The vLLM internals used and overridden here are listed in this method's `vllm_internals`.
 """
@@ -45,6 +47,18 @@ from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pi
 
 logger = logging.getLogger("vllm.specx")
 _VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
+_FLUSH_TOKENS = 512  # skipped passes' context K/V are written once this many tokens are queued
+
+
+def last_writes(slots: torch.Tensor) -> torch.Tensor | None:
+    """Indices (ascending) of the last occurrence of every slot in `slots` [n]; None when no
+    slot repeats (keep everything)."""
+    uniq, inv = torch.unique(slots, return_inverse=True)
+    if uniq.numel() == slots.numel():
+        return None
+    last = torch.full((uniq.numel(),), -1, dtype=torch.long, device=slots.device)
+    last.scatter_reduce_(0, inv, torch.arange(slots.numel(), device=slots.device), "amax")
+    return last.sort().values
 
 
 class DSparkProposer(DFlashProposer):
@@ -62,6 +76,8 @@ class DSparkProposer(DFlashProposer):
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
         self._runner = runner
         self.adaptive = make_adaptive(vllm_config, self.dspark, self.num_speculative_tokens)
+        self._deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # skipped passes' context
+        self._deferred_tokens = 0
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
                     "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
                     self.dspark.block_size, self.dspark.layout,
@@ -140,31 +156,65 @@ class DSparkProposer(DFlashProposer):
         batch = common_attn_metadata.batch_size()
         a.begin_pass(int(common_attn_metadata.num_actual_tokens))
         self._adaptive_req_ids = list(self._runner.input_batch.req_ids[:batch])
-        if not a.draft_now():
+        if not a.draft_now(batch):
             out = self._context_only(num_speculative_tokens, batch, **kw)
             a.skipped(self._adaptive_req_ids)
             a.end_pass(batch, 0, drafted=False)
             return out
+        self._flush_context()
         self._drafted_slots = num_speculative_tokens
         out = super().propose(num_speculative_tokens, **kw)
         a.end_pass(batch, self._drafted_slots, drafted=True)
         return out
 
-    def _context_only(self, num_speculative_tokens, batch, *, target_token_ids, target_positions,
-                      target_hidden_states, next_token_ids, token_indices_to_sample,
-                      common_attn_metadata, num_rejected_tokens_gpu, **_):
-        """A skipped pass: the verified tokens' context K/V go into the draft's cache (so later
-        passes see the whole prefix), no query block, no drafts (all cut)."""
-        self.num_speculative_tokens = num_speculative_tokens
+    def _context_only(self, num_speculative_tokens, batch, *, target_positions, target_hidden_states,
+                      common_attn_metadata, **_):
+        """A skipped pass: no query block, no drafts (all cut). The verified tokens' context K/V
+        are owed to the draft's cache (later passes attend to the whole prefix); they are queued
+        (`_defer_context`) and written in one batch before the next draft pass, or once
+        `_FLUSH_TOKENS` are queued."""
         self._last_draft_probs = None
-        fused = self.model.combine_hidden_states(target_hidden_states)
-        num_tokens, _, _ = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids,
-            target_positions=target_positions, target_hidden_states=fused,
-            token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
-            num_rejected_tokens_gpu=num_rejected_tokens_gpu)
-        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)
+        self._defer_context(target_positions, target_hidden_states, common_attn_metadata, batch)
         return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
+
+    def _defer_context(self, target_positions, target_hidden_states, cad, batch) -> None:
+        """Queue this step's context writes: the raw taps, positions, and the draft-cache slots
+        vLLM's DFlash input kernel would give them (`slot = block_table[req, pos // bs] * bs +
+        pos % bs` for every scheduled token, rejected ones included, as the kernel writes them),
+        with the block table read now."""
+        qsl = cad.query_start_loc_cpu[: batch + 1]
+        n = int(qsl[-1])
+        if n == 0:
+            return
+        dev = target_hidden_states.device
+        counts = qsl.diff().to(dev)
+        req = torch.repeat_interleave(torch.arange(batch, device=dev), counts, output_size=n)
+        pos = target_positions[:n].long()
+        bt = cad.block_table_tensor
+        block = (pos // self.block_size).clamp(max=bt.stride(0) - 1)
+        slots = bt[req, block].long() * self.block_size + pos % self.block_size
+        self._deferred.append((target_hidden_states[:n].clone(), pos.clone(), slots))
+        self._deferred_tokens += n
+        self.stats["deferred_tokens"] = self.stats.get("deferred_tokens", 0) + n
+        if self._deferred_tokens >= _FLUSH_TOKENS:
+            self._flush_context()
+
+    def _flush_context(self) -> None:
+        """Write the queued context K/V (`_defer_context`) in one batch: the fusion of the raw
+        taps, then `precompute_and_store_context_kv`, as the skipped passes would have, with the
+        last queued write of a slot winning (the order those passes would have written in; a
+        slot recurs when a rejected token's position is verified again, or a freed block was
+        reused)."""
+        if not self._deferred:
+            return
+        taps, pos, slots = (torch.cat(x) for x in zip(*self._deferred))
+        self._deferred, self._deferred_tokens = [], 0
+        keep = last_writes(slots)
+        if keep is not None:
+            taps, pos, slots = taps[keep], pos[keep], slots[keep]
+        fused = self.model.combine_hidden_states(taps)
+        self.model.precompute_and_store_context_kv(fused, pos, slots)
+        self.stats["context_flushes"] = self.stats.get("context_flushes", 0) + 1
 
     def _adaptive_drafts(self, base_fn, slots, anchors, state, pick):
         """Draft the first `horizon` slots, score them, decide the verified lengths; drafts and
