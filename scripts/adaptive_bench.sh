@@ -5,7 +5,7 @@
 # 1, 4, 16 and 32, temperature 0, in one run. The plan runs twice round robin (tokens/s is the
 # median), so a slow spell of this shared machine hits every provider.
 #
-#   bash scripts/adaptive_bench.sh [OUT]      # about 45 minutes on 2 cores
+#   bash scripts/adaptive_bench.sh [OUT]      # about 30 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-benchmarks/results/adaptive-smollm2}"
