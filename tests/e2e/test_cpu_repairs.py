@@ -7,7 +7,10 @@ the repair (so they fail, and the repair can go, once upstream fixes the bug).
   Repaired, the request's tokens equal its tokens when its prompt was prefilled in one piece
   (vLLM's promise: a seeded request does not depend on its batch or on chunking).
 - `repair-cpu-empty-topk`: a top_k request (no top_p) on a speculative engine. The first step has
-  no draft tokens, and vLLM's CPU top-k takes `k.max()` of the empty per-token top-k tensor.
+  no draft tokens, and vLLM's CPU top-k takes `k.max()` of the empty per-token top-k tensor in
+  vLLM's verification path: vLLM's own methods (n-gram here) always take it; our sampler answers
+  a step without drafts by plain sampling unless logprobs are asked, so DSpark needs it with
+  logprobs.
 """
 
 import os
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 DSPARK = {"method": "dspark", "model": str(T.ASSETS / "drafts" / "ref-dspark"), "num_speculative_tokens": 3,
           "draft_sample_method": "probabilistic"}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 BUDGET = 64  # max_num_batched_tokens: the 64-token seeded prompt fits alone, beside any other request not
 
 
@@ -66,10 +70,13 @@ def test_seeded_request_with_chunked_prefill_equals_its_unchunked_run(spec):
         assert metrics["num_drafts"] > 0
 
 
-def test_top_k_without_top_p_on_a_speculative_engine():
+@pytest.mark.parametrize("spec, logprobs", [({**DSPARK, "draft_sample_method": "greedy"}, 1), (NGRAM, None)],
+                         ids=["dspark-logprobs", "ngram"])
+def test_top_k_without_top_p_on_a_speculative_engine(spec, logprobs):
     prompts = T.load_prompts("code", limit=4)
-    with T.cpu_llm(T.REF_TARGET, speculative_config={**DSPARK, "draft_sample_method": "greedy"}) as llm:
-        outs = llm.generate(prompts, [SamplingParams(temperature=0.7, top_k=20, max_tokens=16, ignore_eos=True),
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        outs = llm.generate(prompts, [SamplingParams(temperature=0.7, top_k=20, max_tokens=16, ignore_eos=True,
+                                                     logprobs=logprobs),
                                       SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
                                       SamplingParams(temperature=1.0, top_k=5, max_tokens=16, ignore_eos=True,
                                                      seed=3),
@@ -77,7 +84,8 @@ def test_top_k_without_top_p_on_a_speculative_engine():
                                                      ignore_eos=True)], use_tqdm=False)
         metrics = T.spec_metrics(llm)
     assert [len(o.outputs[0].token_ids) for o in outs] == [16] * 4
-    assert metrics["num_drafts"] > 0
+    if spec is not NGRAM:  # n-gram drafts only where the text repeats
+        assert metrics["num_drafts"] > 0
 
 
 NEGATIVE = """
@@ -85,7 +93,7 @@ import sys
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 from tests import helpers as T
-from tests.e2e.test_cpu_repairs import DSPARK, BUDGET, _token_prompts
+from tests.e2e.test_cpu_repairs import DSPARK, NGRAM, BUDGET, _token_prompts
 
 def main():
     seeded, other, _ = _token_prompts()
@@ -94,8 +102,9 @@ def main():
             llm.generate([TokensPrompt(prompt_token_ids=p) for p in (other, seeded)],
                          [SamplingParams(max_tokens=4), SamplingParams(temperature=1.0, max_tokens=4, seed=1)])
     else:
-        with T.cpu_llm(T.REF_TARGET, speculative_config=DSPARK) as llm:
-            llm.generate(["def f():"], SamplingParams(temperature=0.7, top_k=20, max_tokens=4))
+        spec, logprobs = (NGRAM, None) if sys.argv[1] == "topk" else (DSPARK, 1)
+        with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+            llm.generate(["def f():"], SamplingParams(temperature=0.7, top_k=20, max_tokens=4, logprobs=logprobs))
     print("SURVIVED")
 
 if __name__ == "__main__":
@@ -106,6 +115,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("case,env,error", [
     ("seeded", "VLLM_SPECX_REPAIR_CPU_SEEDED", "CPU Generator does not use offset"),
     ("topk", "VLLM_SPECX_REPAIR_CPU_EMPTY_TOPK", "Expected reduction dim to be specified for input.numel"),
+    ("topk-logprobs", "VLLM_SPECX_REPAIR_CPU_EMPTY_TOPK", "Expected reduction dim to be specified for input.numel"),
 ])
 def test_the_cpu_engine_dies_without_the_repair(case, env, error):
     root = Path(__file__).resolve().parents[2]

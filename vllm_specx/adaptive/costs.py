@@ -8,9 +8,10 @@ know from every engine step: y = the time between the starts of two consecutive 
 minus the first pass's own time (everything the engine did for the step: scheduling, the target
 pass over T tokens, sampling and verification, output processing) is fitted as
 y = overhead + scale * target(T) + spec * [the step verified drafts] by least squares over the
-last 128 steps (refitted when the model is next read, not at every step), pulled towards (0, 1, 0) with the weight of one step (`spec`: what a step with
-drafts costs beyond its tokens: the rejection sampler, the speculative metadata); and a correction factor of the draft pass (measured /
-modelled, median of the last 64). The tables are made non-decreasing (`monotone`): on a busy
+last 128 steps (refitted when the model is next read, not at every step), pulled towards
+(0, 1, 0) with the weight of one step (`spec`: what a step with drafts costs beyond its tokens:
+the rejection sampler, the speculative metadata); and a correction factor of the draft pass
+(measured / modelled, median of the last 64). The tables are made non-decreasing (`monotone`): on a busy
 machine a single timing can dip.
 
     verify_seconds(T)  = overhead + scale * target(T)             (target piecewise linear in T)
