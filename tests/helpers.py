@@ -321,7 +321,7 @@ def schedule_skipped_passes(worker, every: int = 3, context: str = "deferred") -
         d._context_only = types.MethodType(_eager_context, d)
     elif context == "lost":
         def drop():
-            d._deferred, d._deferred_tokens = [], 0
+            d._deferred = []
         d._flush_context = drop
     elif context != "deferred":
         raise ValueError(f"context must be deferred, eager or lost, got {context!r}")

@@ -77,7 +77,6 @@ class DSparkProposer(DFlashProposer):
         self._runner = runner
         self.adaptive = make_adaptive(vllm_config, self.dspark, self.num_speculative_tokens)
         self._deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # skipped passes' context
-        self._deferred_tokens = 0
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
                     "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
                     self.dspark.block_size, self.dspark.layout,
@@ -194,9 +193,8 @@ class DSparkProposer(DFlashProposer):
         block = (pos // self.block_size).clamp(max=bt.stride(0) - 1)
         slots = bt[req, block].long() * self.block_size + pos % self.block_size
         self._deferred.append((target_hidden_states[:n].clone(), pos.clone(), slots))
-        self._deferred_tokens += n
         self.stats["deferred_tokens"] = self.stats.get("deferred_tokens", 0) + n
-        if self._deferred_tokens >= _FLUSH_TOKENS:
+        if sum(len(p) for _, p, _ in self._deferred) >= _FLUSH_TOKENS:
             self._flush_context()
 
     def _flush_context(self) -> None:
@@ -208,7 +206,7 @@ class DSparkProposer(DFlashProposer):
         if not self._deferred:
             return
         taps, pos, slots = (torch.cat(x) for x in zip(*self._deferred))
-        self._deferred, self._deferred_tokens = [], 0
+        self._deferred = []
         keep = last_writes(slots)
         if keep is not None:
             taps, pos, slots = taps[keep], pos[keep], slots[keep]
