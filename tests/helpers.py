@@ -15,7 +15,7 @@ from vllm_specx import assets
 from vllm_specx.engine import cpu_llm  # noqa: F401  (re-exported for the tests)
 from vllm_specx.methods.dspark.checkpoint import save
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
-from vllm_specx.methods.dspark.model import DSparkDraft
+from vllm_specx.methods.dspark.model import DSparkDraft, reduced
 from vllm_specx.metrics import spec_metrics  # noqa: F401  (re-exported for the tests)
 from vllm_specx.training.taps import embed_and_head, load_target, target_taps  # noqa: F401
 
@@ -24,9 +24,11 @@ REF_TARGET = ASSETS / "ref-target"
 load_prompts = assets.load_prompts
 
 
-def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0, **recipe) -> DSparkDraft:
+def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0, draft_vocab=None,
+                 **recipe) -> DSparkDraft:
     """A random DSpark head for the reference target; `recipe`: the full recipe's switches and
-    `markov_head_type` (with final_layer_tap the target's last layer 7 is added to the taps)."""
+    `markov_head_type` (with final_layer_tap the target's last layer 7 is added to the taps);
+    `draft_vocab`: target ids of a reduced draft vocabulary (the full draft's rows, `model.reduced`)."""
     if recipe.get("final_layer_tap"):
         taps = tuple(taps) + (target.config.num_hidden_layers - 1,)
     cfg = DSparkDraftConfig.for_target(
@@ -43,7 +45,7 @@ def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, se
             torch.nn.init.normal_(p, std=0.05)  # large enough that argmaxes are far from ties
         else:  # norm weights differ per layer, so a layer using another's norm shows
             torch.nn.init.normal_(p, mean=1.0, std=0.3)
-    return draft
+    return draft if draft_vocab is None else reduced(draft, draft_vocab)
 
 
 def write(draft: DSparkDraft, path, fmt="specx") -> str:

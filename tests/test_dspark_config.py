@@ -40,7 +40,7 @@ BAD = {
     "zero-rank": (dict(markov_rank=0), "markov_rank must be positive"),
     "bool-flag": (dict(causal="no"), "causal must be true or false"),
     "gqa": (dict(num_key_value_heads=3), "not a multiple of num_key_value_heads"),
-    "draft-vocab": (dict(draft_vocab_size=40), "reduced draft vocabularies"),
+    "draft-vocab": (dict(draft_vocab_size=60), "draft_vocab_size 60 exceeds vocab_size 50"),
     "format": (dict(source_format="hub"), "source_format 'hub'"),
 }
 

@@ -84,28 +84,42 @@ def humaneval():
     return probs, grams
 
 
-def test_chat_training_prompts_share_nothing_with_humaneval(humaneval):
+CHAT_TRAIN = [n for n, (form, role, _) in assets.PROMPT_SETS.items() if form == "chat" and role == "train"]
+
+
+def test_every_chat_training_set_is_checked():
+    assert {"chat-train", "chat-mix"} <= set(CHAT_TRAIN)
+
+
+@pytest.mark.parametrize("train_set", CHAT_TRAIN)
+def test_chat_training_prompts_share_nothing_with_humaneval(humaneval, train_set):
     probs, grams = humaneval
-    train = [assets.prompt_text(p) for p in load_prompts("chat-train")]
+    train = [assets.prompt_text(p) for p in load_prompts(train_set)]
     assert len(train) > 1000
     evals = {assets.prompt_text(p) for name in ("humaneval", "humaneval-raw") for p in load_prompts(name)}
     assert not evals & set(train)
     hits = [t for t in train if _word_grams(t) & grams]
-    assert not hits, f"{len(hits)} chat-train prompts share a {WORDS}-word run with HumanEval: {hits[:3]}"
+    assert not hits, f"{len(hits)} {train_set} prompts share a {WORDS}-word run with HumanEval: {hits[:3]}"
     names = {p["entry_point"] for p in probs}
-    named = [t for t in train if any(f"`{n}(" in t or f".{n}`" in t for n in names)]
-    assert not named, f"chat-train prompts name a HumanEval entry point: {named[:3]}"
+    # A prompt's own function never has a HumanEval entry point's name: the function its source
+    # names (every code prompt's), or a `def name(` it asks to complete.
+    rows = [json.loads(x) for x in (ASSETS / "prompts" / f"{train_set}.jsonl").read_text().splitlines()]
+    assert all(r.get("source") for r in rows)
+    own = [r["source"].rsplit(".", 1)[-1] for r in rows if not r["source"].startswith("topic:")]
+    named = [n for n in own if n in names] + [t for t in train for n in names if f"def {n}(" in t]
+    assert not named, f"{train_set} prompts name a HumanEval entry point: {named[:3]}"
 
 
-def test_chat_training_prompts_share_nothing_with_the_heldout_chat_sets():
-    train = [assets.prompt_text(p) for p in load_prompts("chat-train")]
+@pytest.mark.parametrize("train_set", CHAT_TRAIN)
+def test_chat_training_prompts_share_nothing_with_the_heldout_chat_sets(train_set):
+    train = [assets.prompt_text(p) for p in load_prompts(train_set)]
     grams = set().union(*(_word_grams(t) for t in train))
     for name in CHAT_HELDOUT:
         held = [assets.prompt_text(p) for p in load_prompts(name)]
         assert len(held) > 50 and not set(held) & set(train)
         # held-out code prompts come from modules the training set never draws from
         rows = [json.loads(x) for x in (ASSETS / "prompts" / f"{name}.jsonl").read_text().splitlines()]
-        train_rows = [json.loads(x) for x in (ASSETS / "prompts" / "chat-train.jsonl").read_text().splitlines()]
+        train_rows = [json.loads(x) for x in (ASSETS / "prompts" / f"{train_set}.jsonl").read_text().splitlines()]
         src = lambda r: r["source"].split(":", 1)[1].split(".")[0]  # noqa: E731 - module or topic
         assert not {src(r) for r in rows} & {src(r) for r in train_rows}, name
     assert grams

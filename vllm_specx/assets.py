@@ -47,6 +47,9 @@ PROMPT_SETS = {
     "humaneval-raw": ("raw", "eval", "HumanEval's 164 prompts as raw completions"),
     "chat-train": ("chat", "train", "chat instructions for a chat target: CPython stdlib signatures "
                    "and docstrings, and general prose requests (scripts/make_chat_prompts.py)"),
+    "chat-mix": ("chat", "train", "the large chat training set: HumanEval-style completions and code "
+                 "instructions from many installed packages' functions, chat and prose requests, and "
+                 "every chat-train prompt (scripts/make_mix_prompts.py)"),
     "chat-code": ("chat", "eval", "held-out code instructions from stdlib modules chat-train never "
                   "uses (scripts/make_chat_prompts.py)"),
     "chat-prose": ("chat", "eval", "held-out prose requests on topics chat-train never uses"),

@@ -22,6 +22,10 @@ from safetensors.torch import save_file
 # dtype. Anything else (integers, booleans, float8 without scales) would be cast silently into
 # numbers the draft was never trained with, or refused deep inside a worker.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# The exceptions: a reduced draft vocabulary's maps (`vllm_specx.vocab`), integers by nature, and
+# optional in a checkpoint (`t2d` is for training; vLLM reads `d2t` only).
+INDEX_DTYPES = {"d2t": ("I64", "I32"), "t2d": ("BOOL",)}
+OPTIONAL_TENSORS = ("t2d",)
 # The NaN/inf scan reads a tensor in slices of rows of about this many elements (never a full copy).
 _FINITE_CHUNK_ELEMENTS = 1 << 24
 _MAX_HEADER_BYTES = 100_000_000  # safetensors refuses longer headers
@@ -134,7 +138,7 @@ def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]] | None,
     """
     header = read_header(path)
     if expected is not None:
-        missing = [n for n in expected if n not in header]
+        missing = [n for n in expected if n not in header and n not in OPTIONAL_TENSORS]
         if missing:
             raise ValueError(
                 f"draft checkpoint {path}: missing tensor(s) {missing[:5]}"
@@ -148,17 +152,38 @@ def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]] | None,
                 + f" in {header[extra[0]][2].name}: config.json does not use them, and a tensor the "
                   "draft would not load is refused rather than ignored")
         for name, shape in expected.items():
-            if header[name][1] != shape:
+            if name in header and header[name][1] != shape:
                 raise ValueError(
                     f"draft checkpoint {path}: tensor '{name}' has shape {list(header[name][1])}, "
                     f"expected {list(shape)} from config.json"
                 )
     for name, (dtype, _, file) in header.items():
-        if dtype not in FLOAT_DTYPES:
+        if name in INDEX_DTYPES:
+            if dtype not in INDEX_DTYPES[name]:
+                raise ValueError(f"draft checkpoint {path}: tensor '{name}' in {file.name} has dtype "
+                                 f"{dtype}; expected {' or '.join(INDEX_DTYPES[name])}")
+        elif dtype not in FLOAT_DTYPES:
             raise ValueError(f"draft checkpoint {path}: tensor '{name}' in {file.name} has dtype "
                              f"{dtype}; draft weights must be floating point ({', '.join(FLOAT_DTYPES)})")
     if values:
         check_finite(path, header)
+
+
+def check_vocab_maps(path: str | Path, vocab_size: int, draft_vocab_size: int) -> None:
+    """ValueError naming the tensor when a reduced-vocabulary draft's `d2t` / `t2d` do not map
+    `draft_vocab_size` distinct ids into the target vocabulary, or disagree (`vocab.check_maps`)."""
+    from vllm_specx.vocab import D2T, T2D, check_maps
+
+    header = read_header(path)
+    if D2T not in header:
+        raise ValueError(f"draft checkpoint {path}: missing tensor '{D2T}': a draft vocabulary of "
+                         f"{draft_vocab_size} < {vocab_size} tokens needs its draft-to-target map")
+    get = {}
+    for name in (D2T, T2D):
+        if name in header:
+            with safe_open(str(header[name][2]), framework="pt") as f:
+                get[name] = f.get_tensor(name)
+    check_maps(get[D2T], get.get(T2D), vocab_size, draft_vocab_size, f"draft checkpoint {path}")
 
 
 def check_finite(path: str | Path, header=None) -> None:

@@ -39,7 +39,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from vllm_specx.checkpoint import check_tensors, read_config_json
+from vllm_specx.checkpoint import check_tensors, check_vocab_maps, read_config_json
 
 ENTRY_POINT_GROUP = "vllm_specx.methods"
 # The target fields every draft is checked against (its HF text config).
@@ -293,13 +293,15 @@ def check_num_drafts(cfg, path: str | Path, num_speculative_tokens: int | None) 
 def check_draft(method: Method, cfg, path: str | Path, target: dict[str, Any],
                 num_speculative_tokens: int | None) -> None:
     """Every check that can run before an engine starts: config vs target, drafts per pass, then
-    the tensors (names, shapes, dtypes, and NaN / inf values)."""
+    the tensors (names, shapes, dtypes, and NaN / inf values), and a reduced draft vocabulary's maps."""
     try:
         cfg.check_target(target, num_speculative_tokens)
     except ValueError as e:
         raise ValueError(f"draft {path}: {e}") from e
     check_num_drafts(cfg, path, num_speculative_tokens)
     check_tensors(path, cfg.expected_tensors())
+    if getattr(cfg, "reduced_vocab", False):  # a method's config says whether it has one
+        check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)
 
 
 def config_of(hf_config):

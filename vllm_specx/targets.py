@@ -97,10 +97,15 @@ def get(name: str) -> Target:
     return TARGETS[name]
 
 
+def cache_root() -> Path:
+    """Where vllm-specx keeps what it makes outside a work tree (targets, training data):
+    `$VLLM_SPECX_CACHE`, else `~/.cache/vllm-specx`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm-specx")
+
+
 def cache_dir() -> Path:
     """`$VLLM_SPECX_CACHE/targets`, else `~/.cache/vllm-specx/targets`."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm-specx"
-    return Path(root) / "targets"
+    return cache_root() / "targets"
 
 
 def default_dir(name: str) -> Path:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,10 +123,13 @@ def trained_prompt_ids(record: dict) -> tuple[str, set[int]] | None:
 
 
 def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int,
-                    temperature: float = 0.0, batch: int = 64, ignore_eos: bool = True) -> None:
+                    temperature: float = 0.0, batch: int = 64, ignore_eos: bool = True,
+                    engine_args: dict | None = None) -> None:
     """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl (chats rendered
-    with the target's chat template)."""
-    done = {r["id"] for r in _read_jsonl(out / "tokens.jsonl")}
+    with the target's chat template), `batch` prompts per engine call; the progress bar counts
+    prompts over the whole set (its ETA is for the rest) and the tokens generated."""
+    rows = _read_jsonl(out / "tokens.jsonl")
+    done = {r["id"] for r in rows}
     todo = [p for p in prompts if p["id"] not in done]
     if not todo:
         return
@@ -137,14 +141,20 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
 
     tok = AutoTokenizer.from_pretrained(target)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos, seed=0)
-    with cpu_llm(target) as llm, open(out / "tokens.jsonl", "a") as f:
-        for i in tqdm(range(0, len(todo), batch), desc="generate", unit="batch"):
+    tokens = sum(len(r["output_ids"]) for r in rows)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="generate", unit="prompt",
+               smoothing=0.05)
+    with cpu_llm(target, **(engine_args or {})) as llm, open(out / "tokens.jsonl", "a") as f, bar:
+        for i in range(0, len(todo), batch):
             chunk = todo[i:i + batch]
             inputs = render([p["prompt"] for p in chunk], tok)
             for p, o in zip(chunk, llm.generate(inputs, params, use_tqdm=False)):
                 f.write(json.dumps({"id": p["id"], "prompt_ids": list(o.prompt_token_ids),
                                     "output_ids": list(o.outputs[0].token_ids)}) + "\n")
+                tokens += len(o.outputs[0].token_ids)
             f.flush()
+            bar.set_postfix(tokens=tokens, refresh=False)
+            bar.update(len(chunk))
 
 
 def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
@@ -175,6 +185,11 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
                 tensors[f"topk_logp_{r['id']}"] = top_logp[n, : len(ids)].float().contiguous()
         save_file(tensors, str(file.with_suffix(".tmp")))
         file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
+
+
+def response_ids(out: str | Path) -> list[list[int]]:
+    """The generated token ids of every response in a data folder (its tokens.jsonl)."""
+    return [r["output_ids"] for r in _read_jsonl(Path(out) / "tokens.jsonl")]
 
 
 class SampleStore(Sequence):
@@ -220,14 +235,36 @@ def load_samples(out: Path) -> SampleStore:
     return SampleStore(Path(out))
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of engine arguments, not {type(value).__name__}")
+    return value
+
+
+def default_out(target: str, prompts: str, root: Path) -> Path:
+    """`<root>/data/<target>-<prompts>`: a target or prompt file named by its folder or file stem."""
+    stem = lambda x: Path(x).stem if Path(x).suffix == ".jsonl" else Path(x).name  # noqa: E731
+    return root / "data" / f"{stem(target)}-{stem(prompts)}"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vllm-specx gen-data", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="a target name (vllm-specx target --help) or a model directory")
     ap.add_argument("--prompts", required=True,
                     help="a training prompt set by name (e.g. chat-train) or a jsonl with 'id' and 'prompt' or 'messages'")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the data folder (default: $VLLM_SPECX_CACHE/data/<target>-<prompts>, "
+                                  "else ~/.cache/vllm-specx/data/<target>-<prompts>)")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="prompts per engine call (the unit of resumption; larger keeps the batch fuller)")
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--engine-args", type=_json_object, default={},
+                    help="vLLM engine arguments as a JSON object, over vllm_specx.engine.CPU_ENGINE_ARGS "
+                         "(e.g. '{\"gpu_memory_utilization\": 0.3}': a larger KV cache runs more prompts at once)")
     ap.add_argument("--taps", default="", help="comma-separated 0-based target layers; empty: tokens only")
     ap.add_argument("--topk", type=int, default=0,
                     help="also store the target's top-K next-token log-probs (TV-type losses need them)")
@@ -241,10 +278,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="end a response at the target's end of answer (chat targets); default: exactly --max-tokens")
     args = ap.parse_args(argv)
-    from vllm_specx.targets import resolve
+    # A stopped run (SIGTERM, e.g. `kill`) unwinds like Ctrl-C: the engine's context manager shuts
+    # vLLM's engine-core and worker processes down instead of leaving them running; what was
+    # written stays, and the same command resumes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from vllm_specx.targets import cache_root, resolve
 
     target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out(args.target, args.prompts, cache_root())
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
     prompts = select_prompts(args.prompts, args.limit, args.spread)
     meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
@@ -261,8 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     with open(out / COMMANDS_FILE, "a") as f:
         f.write(" ".join(["vllm-specx gen-data", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]) + "\n")
     if not args.taps_only:
-        generate_tokens(target, prompts, out, args.max_tokens, args.temperature,
-                        ignore_eos=not args.stop_at_eos)
+        generate_tokens(target, prompts, out, args.max_tokens, args.temperature, batch=args.batch,
+                        ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
+    print(f"data: {out}")
     if taps:
         write_taps(target, out, taps, topk=args.topk, dtype=args.dtype)
     elif args.topk:

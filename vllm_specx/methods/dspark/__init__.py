@@ -59,6 +59,7 @@ def finish_hf(hf, cfg: DSparkDraftConfig) -> None:
     hf.eagle_aux_hidden_state_layer_ids = cfg.aux_layer_ids
     hf.target_hidden_size = cfg.target_hidden_size
     hf.mask_token_id = cfg.mask_token_id
+    hf.draft_vocab_size = cfg.draft_vocab_size  # below vocab_size: vLLM builds lm_head and d2t at it
     hf.dflash_config = {**(getattr(hf, "dflash_config", None) or {}),
                         "mask_token_id": cfg.mask_token_id, "causal": cfg.causal,
                         "target_layer_ids": list(cfg.target_layer_ids), "use_aux_hidden_state": True}

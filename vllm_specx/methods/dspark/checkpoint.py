@@ -30,6 +30,7 @@ from typing import Any
 
 from vllm_specx.checkpoint import (
     check_tensors,
+    check_vocab_maps,
     dtype_name,
     from_aux_ids,
     load_tensors,
@@ -39,6 +40,7 @@ from vllm_specx.checkpoint import (
     to_aux_ids,
     write_config_json,
 )
+from vllm_specx import vocab
 from vllm_specx.methods.dspark.config import RECIPE_SWITCHES, SPECX_DSPARK_ARCH, DSparkDraftConfig
 
 METHOD_NAME = "dspark"
@@ -229,6 +231,7 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
             "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
             "markov_head_type": c.markov_head_type, "confidence_head": c.confidence_head,
             "sliding_window": c.sliding_window, **{k: getattr(c, k) for k in RECIPE_SWITCHES},
+            **({"draft_vocab_size": c.draft_vocab_size} if c.reduced_vocab else {}),
             **(extra or {}),
         },
     }
@@ -274,7 +277,12 @@ def save(draft, path: str | Path, fmt: str = "specx", **kw) -> None:
 
 def _write(draft, path, config: dict, dtype: torch.dtype = torch.float32) -> None:
     write_config_json(path, config)
-    save_tensors(path, {k: v.to(dtype) for k, v in draft.state_dict().items()})
+    save_tensors(path, {_ON_DISK.get(k, k): v.to(dtype) if v.is_floating_point() else v
+                        for k, v in draft.state_dict().items()})
+
+
+# A reduced draft vocabulary's own lm_head rows: a plain tensor in the model, vLLM's name on disk.
+_ON_DISK = {"lm_head": "lm_head.weight"}
 
 
 def load_draft(path: str | Path, embed, lm_head):
@@ -283,6 +291,13 @@ def load_draft(path: str | Path, embed, lm_head):
 
     cfg = read_pretrained(path)
     check_tensors(path, cfg.expected_tensors())
+    tensors = {next((k for k, v in _ON_DISK.items() if v == name), name): t
+               for name, t in load_tensors(path).items()}
+    if cfg.reduced_vocab:
+        check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)
+        if "t2d" not in tensors:  # optional on disk; the reference keeps it
+            tensors["t2d"] = vocab.maps(vocab.target_ids(tensors["d2t"]), cfg.vocab_size)[1]
+        tensors["d2t"] = tensors["d2t"].long()
     draft = DSparkDraft(cfg, embed, lm_head)
-    draft.load_state_dict(load_tensors(path), strict=True)
+    draft.load_state_dict(tensors, strict=True)
     return draft

@@ -38,12 +38,16 @@ class DSparkDraftConfig:
         source_format: "specx" or "speculators".
         target_layer_ids: 0-based target layers whose outputs are tapped, ascending.
         target_hidden_size: hidden size of each tap.
-        hidden_size, vocab_size, draft_vocab_size, num_hidden_layers: draft shapes.
+        hidden_size, vocab_size, draft_vocab_size, num_hidden_layers: draft shapes. A
+            draft_vocab_size below vocab_size is a reduced draft vocabulary (`vllm_specx.vocab`):
+            the checkpoint then carries its own `lm_head.weight` [draft_vocab_size, H] and the
+            maps `d2t` [draft_vocab_size] (and optionally `t2d` [vocab_size]).
         block_size: query slots of one parallel pass (training), the anchor slot included. The
             anchor layout drafts up to `block_size` tokens per pass (slot k predicts the token
             after it), the fill-in layout up to `block_size - 1` (slot 0 is the bonus anchor).
         mask_token_id: token fed to the non-anchor slots.
-        markov_rank: rank r of the Markov head (W1: [vocab, r], W2: [draft_vocab, r]).
+        markov_rank: rank r of the Markov head (W1: [vocab, r], W2: [draft_vocab, r]: the previous
+            token is a target token, the bias is over the draft vocabulary).
         sample_from_anchor: True: slot k predicts the token after slot k (anchor layout);
             False: slot k >= 1 predicts its own position (fill-in layout, DFlash's).
         causal: attention inside the query block is causal (False: bidirectional), every layer.
@@ -133,11 +137,16 @@ class DSparkDraftConfig:
             fail("block_size must be >= 2 (anchor + at least one slot)")
         if not 0 <= self.mask_token_id < self.vocab_size:
             fail(f"mask_token_id {self.mask_token_id} outside vocab_size {self.vocab_size}")
-        if self.draft_vocab_size != self.vocab_size:
-            fail(f"draft_vocab_size {self.draft_vocab_size} != vocab_size {self.vocab_size}: "
-                 "reduced draft vocabularies are not supported yet")
+        if self.draft_vocab_size > self.vocab_size:
+            fail(f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size} (a "
+                 "draft vocabulary is a subset of the target's)")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             fail(f"rms_norm_eps ({self.rms_norm_eps}) and rope_theta ({self.rope_theta}) must be > 0")
+
+    @property
+    def reduced_vocab(self) -> bool:
+        """Whether the draft scores a subset of the target vocabulary (`vllm_specx.vocab`)."""
+        return self.draft_vocab_size < self.vocab_size
 
     @property
     def max_drafts(self) -> int:
@@ -198,6 +207,7 @@ class DSparkDraftConfig:
     def summary(self) -> str:
         return (f"{self.source_format} DSpark draft, block {self.block_size} ({self.layout} layout), "
                 f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head"
+                + (f", draft vocabulary {self.draft_vocab_size} of {self.vocab_size}" if self.reduced_vocab else "")
                 + (f", recipe: {', '.join(self.recipe)}" if self.recipe else ""))
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
@@ -252,6 +262,9 @@ class DSparkDraftConfig:
         if self.confidence_head is not None:
             width = h + (r if self.confidence_head == "hidden+markov" else 0)
             shapes.update({"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)})
+        if self.reduced_vocab:  # its own output rows, and the maps (`vllm_specx.vocab`)
+            shapes.update({"lm_head.weight": (self.draft_vocab_size, h), "d2t": (self.draft_vocab_size,),
+                           "t2d": (self.vocab_size,)})
         if self.per_layer_fusion:
             shapes["fusion_logits"] = (self.num_hidden_layers, len(self.target_layer_ids))
         if self.slot_queries:

@@ -48,6 +48,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from vllm_specx import vocab
 from vllm_specx.layers import ContextDecoderLayer, RMSNorm
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 
@@ -140,27 +141,32 @@ class ConfidenceHead(nn.Module):
 def sequential_drafts(base_logits: torch.Tensor, anchor_ids: torch.Tensor,
                       markov_step: Callable[[torch.Tensor, int, object], tuple[torch.Tensor, object]],
                       pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
-                      state=None):
+                      state=None, target_ids: torch.Tensor | None = None, vocab_size: int = 0):
     """DSpark's left-to-right draft loop: `logits_k = base_k + bias_k`, where
-    `bias_k, state = markov_step(prev_k, k, state)`, prev_0 = the anchor, prev_k = draft k-1,
-    and draft k = pick(logits_k).
+    `bias_k, state = markov_step(prev_k, k, state)`, prev_0 = the anchor, prev_k = draft k-1
+    (a target id), and draft k = pick(logits_k).
 
     Args:
-        base_logits: [B, N, V] base logits of the N sample slots.
+        base_logits: [B, N, Vd] base logits of the N sample slots over the draft vocabulary.
         anchor_ids: [B] last verified token per request.
-        markov_step: (prev [B] ids, draft index k, state) -> (bias [B, V], state).
-        pick: [B, V] logits -> (ids [B], probabilities [B, V] or None for greedy).
+        markov_step: (prev [B] target ids, draft index k, state) -> (bias [B, Vd], state).
+        pick: [B, Vd] logits -> (ids [B], probabilities [B, Vd] or None for greedy).
         state: the head's state before draft 0 (None: the zero state, or no state).
+        target_ids: a reduced draft vocabulary's target id per draft id [Vd] (`vocab.target_ids`);
+            None for the full vocabulary (Vd = V).
+        vocab_size: V, with `target_ids`.
     Returns:
-        drafts [B, N] and their distributions [B, N, V] (None when `pick` returns none).
+        drafts [B, N] (target ids) and their distributions [B, N, V] over the target vocabulary
+        (zero outside a reduced draft vocabulary; None when `pick` returns none).
     """
     prev, tokens, probs = anchor_ids, [], []
     for k in range(base_logits.shape[1]):
         bias, state = markov_step(prev, k, state)
         tok, p = pick(base_logits[:, k] + bias)
+        tok = vocab.to_target(tok, target_ids)
         tokens.append(tok)
         if p is not None:
-            probs.append(p)
+            probs.append(vocab.scatter_to_target(p, target_ids, vocab_size))
         prev = tok
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None)
 
@@ -222,13 +228,27 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
 
 
 class DSparkDraft(nn.Module):
-    """The DSpark head. `embed` and `lm_head` are the target's, frozen (not saved with the draft)."""
+    """The DSpark head. `embed` and `lm_head` are the target's, frozen (not saved with the draft;
+    a reduced draft vocabulary saves its rows of lm_head, still frozen)."""
 
-    def __init__(self, cfg: DSparkDraftConfig, embed: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, cfg: DSparkDraftConfig, embed: torch.Tensor, lm_head: torch.Tensor,
+                 draft_vocab: torch.Tensor | None = None):
+        """embed, lm_head: the target's [V, H]. A reduced draft vocabulary (`cfg.reduced_vocab`,
+        `vllm_specx.vocab`) keeps the rows of `draft_vocab` (its target ids) as its own
+        `lm_head` [Vd, H], saved with the draft with the maps `d2t` and `t2d`; without
+        `draft_vocab` (a draft about to be loaded) they are placeholders the checkpoint fills."""
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)  # [V, H]
-        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)  # [V, H]
+        if cfg.reduced_vocab:
+            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
+                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
+            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
+            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H], saved
+            self.register_buffer("d2t", d2t)
+            self.register_buffer("t2d", t2d)
+        else:
+            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)  # [V, H]
         h = cfg.hidden_size
         self.fc = nn.Linear(cfg.target_hidden_size * len(cfg.target_layer_ids), h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -329,13 +349,43 @@ class DSparkDraft(nn.Module):
         a = torch.tensor([anchor])
         drafts, probs = sequential_drafts(slots @ self.lm_head.t(), a, head_stepper(self.markov_head, slots),
                                           pick or greedy_pick,
-                                          initial_state(self.markov_head, self.cfg, a, h[:1]))
+                                          initial_state(self.markov_head, self.cfg, a, h[:1]),
+                                          self.draft_target_ids, self.cfg.vocab_size)
         return drafts[0], (None if probs is None else probs[0])
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """The target id of every draft id (None: the full vocabulary)."""
+        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
 
     @torch.no_grad()
     def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:
         """Reference greedy drafts for one request (see `query_states`). Returns the N draft ids."""
         return self.draft(taps, anchor, num_drafts)[0].tolist()
+
+
+def reduced(draft: DSparkDraft, ids: torch.Tensor) -> DSparkDraft:
+    """`draft` restricted to a draft vocabulary (target ids `ids`, `vllm_specx.vocab`): the same
+    weights, its output rows (lm_head, the Markov head's W2) cut to `ids`. Its logits are the full
+    draft's at `ids`, so its drafts are the full draft's with every other token masked out: a warm
+    start for training with `--draft-vocab`, and the tests' reference."""
+    import dataclasses
+
+    ids = torch.as_tensor(ids, dtype=torch.long).sort().values
+    full = draft.draft_target_ids
+    if full is not None:  # already reduced: `ids` must be a subset of its vocabulary
+        rows = vocab.from_target(ids, draft.t2d)
+        if bool((rows < 0).any()):
+            raise ValueError("reduced(): ids outside the draft's vocabulary")
+    else:
+        rows = ids
+    cfg = dataclasses.replace(draft.cfg, draft_vocab_size=int(ids.numel()))
+    out = DSparkDraft(cfg, draft.embed, draft.lm_head if full is None else draft.embed, ids)
+    out.lm_head.copy_(draft.lm_head[rows])
+    state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head", "d2t", "t2d")}
+    state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][rows]
+    out.load_state_dict(state, strict=False)
+    return out
 
 
 def block_mask(anchors: torch.Tensor, seq_len: int, q: int, causal: bool,

@@ -129,15 +129,20 @@ class DSparkProposer(DFlashProposer):
         else:
             pick = greedy_pick
 
-        def base_fn(s):  # base logits [batch, slots, V] of the sample slots s [batch, slots, H]
-            return self.model.compute_logits(s.reshape(-1, s.shape[-1])).view(batch, s.shape[1], -1)
+        def base_fn(s):  # base logits [batch, slots, Vd] of the sample slots s [batch, slots, H]
+            return self.model.draft_logits(s.reshape(-1, s.shape[-1])).view(batch, s.shape[1], -1)
 
         if getattr(self, "adaptive", None) is not None:
             tokens, probs = self._adaptive_drafts(base_fn, slots, anchors, state, pick)
         else:
             tokens, probs = sequential_drafts(base_fn(slots), anchors, self.model.markov_stepper(slots),
-                                              pick, state)
+                                              pick, state, *self._vocab_map())
         return tokens.reshape(-1), (probs.reshape(batch * n, -1) if probs is not None else None)
+
+    def _vocab_map(self):
+        """(target id per draft id, V) for `sequential_drafts`: drafts leave as target ids, their
+        distributions over the target vocabulary (a full vocabulary: (None, V), unchanged)."""
+        return self.model.draft_target_ids, self.dspark.vocab_size
 
     # ---- confidence-scheduled drafting (`adaptive: true`) -----------------------------------
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -234,7 +239,8 @@ class DSparkProposer(DFlashProposer):
                 else:
                     qmax.append((logits.max(-1).values - logits.float().logsumexp(-1)).exp())
                 return tok, p
-        tokens, probs = sequential_drafts(base, anchors, self.model.markov_stepper(slots_m), pick, state)
+        tokens, probs = sequential_drafts(base, anchors, self.model.markov_stepper(slots_m), pick, state,
+                                          *self._vocab_map())
         if a.source == "head":
             prev = torch.cat([anchors.view(-1, 1).to(tokens.dtype), tokens[:, :-1]], 1)
             conf = torch.sigmoid(self.model.confidence_logits(slots_m, prev).float())
@@ -291,7 +297,7 @@ class DSparkProposer(DFlashProposer):
         for r in grid(max_reqs):
             backbone[r] = time_call(lambda: self.dummy_run(r * slots, use_cudagraphs=False), dev)
             h = torch.randn(r, dh, device=dev, dtype=dtype)
-            slot[r] = time_call(lambda: self.model.compute_logits(h).argmax(-1), dev)
+            slot[r] = time_call(lambda: self.model.draft_logits(h).argmax(-1), dev)
             taps = torch.randn(r, self.dspark.target_hidden_size * len(self.dspark.target_layer_ids),
                                device=dev, dtype=dtype)
             skip[r] = time_call(lambda: self.model.combine_hidden_states(taps), dev)

@@ -34,17 +34,19 @@ continuation is the proposer's drafts) equals what vLLM's rejection sampler rece
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 
 import torch
 
+from vllm_specx import vocab
 from vllm_specx.checkpoint import load_tensors
 from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training.blocks import make_batch
-from vllm_specx.training.losses import DraftOutput
+from vllm_specx.training.losses import DraftOutput, to_draft_vocab
 from vllm_specx.training.taps import select_taps
 
 
@@ -85,6 +87,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sliding-window", type=int, default=None, help="context window of a block")
     ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
                     help="previous tokens the Markov head is trained on (see the module docstring)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="a reduced draft vocabulary: the N target tokens most frequent in the data's "
+                         "responses (default: the target's full vocabulary; see vllm_specx.vocab)")
     ap.add_argument("--confidence-head", default=None, choices=["hidden", "hidden+markov"],
                     help="add the per-slot acceptance-probability head, reading the slot's hidden "
                          "state (and W1[prev]); train it with --confidence-weight or --train-only confidence")
@@ -115,7 +120,9 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
                          "tokens the target's); train it with --chain-tokens target")
     if only_confidence and not args.init_from:
         raise SystemExit("--train-only confidence: give the trained draft to add the head to with --init-from")
-    draft = DSparkDraft(cfg, embed, lm_head)
+    if getattr(args, "draft_vocab", None):
+        cfg = dataclasses.replace(cfg, draft_vocab_size=args.draft_vocab)
+    draft = DSparkDraft(cfg, embed, lm_head, data_vocab(args, cfg) if cfg.reduced_vocab else None)
     for name, p in draft.named_parameters():
         if p.dim() > 1 and name not in ("slot_queries", "fusion_logits"):  # those start at the baseline
             torch.nn.init.normal_(p, std=0.02)
@@ -137,6 +144,18 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         raise SystemExit(f"--init-from {args.init_from}: {e}" if args.init_from else str(e)) from None
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
+
+
+def data_vocab(args, cfg: DSparkDraftConfig) -> torch.Tensor:
+    """The `--draft-vocab` most frequent target tokens of the data's responses (`--data`'s
+    tokens.jsonl), the mask token excluded (it is never drafted)."""
+    from vllm_specx.training.data import response_ids
+
+    ids, counts = vocab.by_frequency(response_ids(args.data), cfg.draft_vocab_size + 1, cfg.vocab_size)
+    ids = ids[ids != cfg.mask_token_id][: cfg.draft_vocab_size]
+    print(f"draft vocabulary: {cfg.draft_vocab_size} of {cfg.vocab_size} tokens, "
+          f"{float(counts[ids].sum()) / max(1, int(counts.sum())):.4f} of the data's response tokens")
+    return ids
 
 
 def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:
@@ -200,8 +219,9 @@ def forward(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> DraftOutput:
     conf = None
     if draft.cfg.confidence_head is not None:  # inputs detached: the BCE trains the head only
         conf = draft.confidence_logits(h, slot_prev, detach=True)[:, :, o:]
-    return DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
-                       target_logp=b.get("topk_logp"), confidence=conf)
+    out = DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
+                      target_logp=b.get("topk_logp"), confidence=conf)
+    return to_draft_vocab(out, draft.t2d) if draft.cfg.reduced_vocab else out
 
 
 @torch.no_grad()
@@ -212,7 +232,7 @@ def drafted_confidence(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> torch.
     every slot a greedy-verified block reaches."""
     h, slot_prev = slot_states(draft, b)
     o = draft.cfg.slot_offset
-    own = own_chain_logits(draft, h, slot_prev).argmax(-1)
+    own = vocab.to_target(own_chain_logits(draft, h, slot_prev).argmax(-1), draft.draft_target_ids)
     prev = slot_prev.clone()
     prev[..., o + 1:] = own[..., o:-1]
     return draft.confidence_logits(h, prev)[:, :, o:]
@@ -229,7 +249,7 @@ def own_chain_logits(draft: DSparkDraft, h: torch.Tensor, slot_prev: torch.Tenso
         bias, state = draft.markov_head.step(prev, h[..., j, :], state)
         out.append(base[..., j, :] + bias)
         if j >= o:
-            prev = out[-1].detach().argmax(-1)
+            prev = vocab.to_target(out[-1].detach().argmax(-1), draft.draft_target_ids)
     return torch.stack(out, -2)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from vllm_specx import registry
+from vllm_specx import registry, vocab
 from vllm_specx.layers import rms_norm
 from vllm_specx.methods.dspark.model import (
     ConfidenceHead,
@@ -83,6 +83,10 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
             model._normalize_context_k = lambda all_k: _normalize_context_k_per_layer(model, all_k)
         _, cfg = registry.config_of(self.config)  # validated again here, in the worker
         self.dspark = cfg
+        # A reduced draft vocabulary brings its own lm_head rows (vLLM's DFlash model builds it at
+        # draft_vocab_size); the proposer must not swap in the target's [V, H] one.
+        self.has_own_lm_head = cfg.reduced_vocab
+        self._target_ids = None
         dtype = vllm_config.model_config.dtype
         self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank,
                                       cfg.hidden_size, cfg.markov_head_type).to(dtype).requires_grad_(False)
@@ -146,6 +150,21 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
             inputs_embeds = with_slot_queries(self.model.embed_input_ids(input_ids), self.slot_queries,
                                               self.query_slots)
         return super().forward(input_ids, positions, inputs_embeds)
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Base logits over the draft vocabulary [.., Vd] (vLLM's `compute_logits` would scatter a
+        reduced vocabulary's to [.., V] with -inf; the draft loop maps its picks instead)."""
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """The target id of every draft id (`vocab.target_ids` of the loaded d2t); None for the
+        full vocabulary."""
+        if self.draft_id_to_target_id is None:
+            return None
+        if self._target_ids is None:
+            self._target_ids = vocab.target_ids(self.draft_id_to_target_id.data)
+        return self._target_ids
 
     def markov_stepper(self, slot_hidden: torch.Tensor):
         """`markov_step` for `model.sequential_drafts` over the sample slots' post-norm states

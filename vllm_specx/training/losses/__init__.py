@@ -59,6 +59,29 @@ class DraftOutput:
     confidence: torch.Tensor | None = None
 
 
+def to_draft_vocab(out: DraftOutput, t2d: torch.Tensor) -> DraftOutput:
+    """`out` with its targets in a reduced draft vocabulary's ids (`vllm_specx.vocab`): logits are
+    already [..., N, Vd]; a target token outside the draft vocabulary becomes IGNORE (the draft
+    can never propose it: it carries no loss or gradient, only lost acceptance, which
+    `vocab.coverage` reports), and the target's top-k keeps its in-vocabulary tokens (the others
+    get log-probability -inf, so p is renormalised over the draft vocabulary's part of S).
+    Positions none of whose top-k tokens is in the vocabulary become IGNORE too."""
+    from vllm_specx.vocab import from_target
+
+    targets = from_target(out.targets, t2d)
+    ids, logp = out.target_ids, out.target_logp
+    if ids is not None:
+        mapped = from_target(ids, t2d)
+        inside = mapped >= 0
+        targets = torch.where(inside.any(-1), targets, -1)
+        logp = torch.where(inside, logp, float("-inf"))
+        empty = ~inside.any(-1, keepdim=True)  # ignored rows: a harmless one-hot, never NaN
+        logp = torch.where(empty & (torch.arange(ids.shape[-1], device=ids.device) == 0), 0.0, logp)
+        ids = mapped.clamp(min=0)
+    targets = torch.where(targets < 0, IGNORE, targets)
+    return dataclasses.replace(out, targets=targets, target_ids=ids, target_logp=logp)
+
+
 def position_weights(n: int, gamma: float) -> torch.Tensor:
     """w_k = exp(-k / gamma), k = 0..n-1.
 

@@ -1,0 +1,217 @@
+"""Reduced draft vocabularies (`vllm_specx.vocab`): the maps, the DSpark reference with a reduced
+vocabulary against the full draft it was cut from, the checkpoint round trip in both formats,
+start-up refusal of bad maps (naming the tensor), and the training losses in draft ids.
+
+The serving path (drafts and q equal to this reference inside vLLM, losslessness) is tested in
+`tests/e2e/test_reduced_vocab_vllm.py`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vllm_specx import registry, vocab
+from vllm_specx.methods.dspark.checkpoint import load_draft
+from vllm_specx.training.losses import IGNORE, DraftOutput, cross_entropy, to_draft_vocab, total_variation
+
+from .helpers import REF_TARGET, embed_and_head, load_target, random_draft, target_taps, write
+
+V = 4096  # the reference target's vocabulary
+IDS = torch.arange(3, V, 5)  # a draft vocabulary of 819 target ids, never the mask token 2
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(REF_TARGET)
+
+
+@pytest.fixture(scope="module")
+def pair(target):
+    """(full draft, the same draft cut to IDS)."""
+    return random_draft(target), random_draft(target, draft_vocab=IDS)
+
+
+# ---- the maps ----------------------------------------------------------------------------
+
+def test_maps_follow_vllm_and_speculators_layout():
+    d2t, t2d = vocab.maps([9, 2, 5], 12)
+    assert d2t.tolist() == [2, 4, 7] and d2t.dtype == torch.int64  # target = draft + d2t[draft]
+    assert vocab.target_ids(d2t).tolist() == [2, 5, 9]
+    assert t2d.nonzero().flatten().tolist() == [2, 5, 9] and t2d.dtype == torch.bool
+    assert vocab.from_target(torch.tensor([9, 3, 2, IGNORE]), t2d).tolist() == [2, -1, 0, -1]
+    vocab.check_maps(d2t, t2d, 12, 3, "x")
+
+
+@pytest.mark.parametrize("ids,why", [([], "1..12"), ([1, 1], "distinct"), ([12], r"\[0, 12\)")])
+def test_maps_refuse_a_bad_vocabulary(ids, why):
+    with pytest.raises(ValueError, match=why):
+        vocab.maps(ids, 12)
+
+
+def test_check_maps_names_the_tensor():
+    d2t, t2d = vocab.maps([2, 5, 9], 12)
+    with pytest.raises(ValueError, match=r"'d2t' maps draft id 2 to target id 12, outside"):
+        vocab.check_maps(d2t + torch.tensor([0, 0, 3]), None, 12, 3, "x")
+    with pytest.raises(ValueError, match="'d2t' must map draft ids to distinct target ids"):
+        vocab.check_maps(torch.tensor([5, 4, 7]), None, 12, 3, "x")
+    other = t2d.clone()
+    other[5], other[6] = False, True
+    with pytest.raises(ValueError, match="tensors 't2d' and 'd2t' disagree"):
+        vocab.check_maps(d2t, other, 12, 3, "x")
+    with pytest.raises(ValueError, match=r"'t2d' must be bool of shape \[12\]"):
+        vocab.check_maps(d2t, t2d[:11], 12, 3, "x")
+    with pytest.raises(ValueError, match=r"'d2t' must be int64 of shape \[3\]"):
+        vocab.check_maps(d2t.float(), None, 12, 3, "x")
+
+
+def test_scatter_is_exact_and_zero_outside():
+    p = torch.softmax(torch.randn(2, 3), -1)
+    full = vocab.scatter_to_target(p, torch.tensor([2, 5, 9]), 12)
+    assert full.shape == (2, 12) and torch.equal(full[:, [2, 5, 9]], p)
+    assert full.sum(-1).allclose(torch.ones(2)) and int((full > 0).sum()) == 6
+
+
+def test_by_frequency_takes_the_most_frequent_then_lower_ids():
+    ids, counts = vocab.by_frequency([[4, 4, 4, 1, 1, 7], [7, 3]], 3, 10)
+    assert counts[4] == 3 and ids.tolist() == [1, 4, 7]  # 1 and 7 tie at 2; 3 has 1
+    ids, _ = vocab.by_frequency([[4, 4, 1]], 2, 10, always=[9])
+    assert ids.tolist() == [4, 9]
+    assert vocab.coverage(torch.tensor([4, 4, 1, 0]), vocab.maps(ids, 10)[1]) == 0.5
+
+
+# ---- the reference: a reduced draft is the full draft with other tokens masked ------------------
+
+def _masked(logits: torch.Tensor) -> torch.Tensor:
+    out = torch.full_like(logits, float("-inf"))
+    out[..., IDS] = logits[..., IDS]
+    return out
+
+
+def test_reduced_reference_drafts_are_the_full_drafts_masked_to_the_vocabulary(target, pair):
+    """Greedy and sampled drafts: the reduced draft picks among IDS exactly as the full draft
+    does when every other token's logit is -inf (its Markov bias rows and lm_head rows are the
+    full draft's at IDS), and hands q scattered to the target vocabulary."""
+    full, small = pair
+    assert small.cfg.draft_vocab_size == len(IDS) and small.lm_head.shape == (len(IDS), 256)
+    prompt = torch.tensor([[5, 17, 300, 41, 8, 99, 1000, 7]])
+    taps = target_taps(target, prompt, full.cfg.target_layer_ids)[0]
+    anchor = 77
+
+    def masked_pick(logits):  # the full draft restricted to IDS
+        return _masked(logits).argmax(-1), None
+
+    want = full.draft(taps, anchor, 5, masked_pick)[0]
+    got = small.draft(taps, anchor, 5)[0]
+    assert torch.equal(got, want) and all(int(t) in set(IDS.tolist()) for t in got)
+    # negative control: the full draft unmasked drafts tokens outside the vocabulary
+    assert not all(int(t) in set(IDS.tolist()) for t in full.draft(taps, anchor, 5)[0])
+
+    def with_q(mask):  # q of every slot along the greedy chain (same chain in both drafts)
+        return lambda logits: (lambda z: (z.argmax(-1), torch.softmax(z.float(), -1)))(mask(logits))
+
+    t_full, q_full = full.draft(taps, anchor, 5, with_q(_masked))
+    t_small, q_small = small.draft(taps, anchor, 5, with_q(lambda z: z))
+    assert torch.equal(t_small, t_full) and q_small.shape == (5, V)
+    assert torch.allclose(q_small, q_full, atol=1e-6)
+    assert float(q_small[:, ~vocab.maps(IDS, V)[1]].abs().max()) == 0.0
+
+@pytest.mark.parametrize("fmt", ["specx", "speculators"])
+def test_checkpoint_round_trip(tmp_path, target, pair, fmt):
+    _, small = pair
+    path = write(small, tmp_path / fmt, fmt)
+    tensors = load_file(f"{path}/model.safetensors")
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert tensors["lm_head.weight"].shape == (len(IDS), 256)
+    assert tensors["markov_head.markov_w2.weight"].shape[0] == len(IDS)
+    assert tensors["markov_head.markov_w1.weight"].shape[0] == V  # previous tokens: target ids
+    back = load_draft(path, *embed_and_head(target))
+    assert back.cfg.draft_vocab_size == len(IDS)
+    for k, v in small.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    cfg = json.loads((tmp_path / fmt / "config.json").read_text())
+    assert (cfg["specx"] if fmt == "specx" else cfg)["draft_vocab_size"] == len(IDS)
+
+
+def test_a_checkpoint_without_t2d_loads(tmp_path, target, pair):
+    _, small = pair
+    path = write(small, tmp_path / "d")
+    t = load_file(f"{path}/model.safetensors")
+    del t["t2d"]
+    save_file(t, f"{path}/model.safetensors")
+    assert torch.equal(load_draft(path, *embed_and_head(target)).t2d, small.t2d)
+
+
+def _check(path):
+    method, cfg = registry.read_checkpoint(path)
+    registry.check_draft(method, cfg, path, {"hidden_size": 256, "num_hidden_layers": 8, "vocab_size": V}, 7)
+
+
+@pytest.mark.parametrize("case,edit,why", [
+    ("d2t-outside", lambda t: t["d2t"].__setitem__(-1, 10_000), r"tensor 'd2t' maps draft id 818 to target id "),
+    ("maps-disagree", lambda t: (t["t2d"].__setitem__(3, True), t["t2d"].__setitem__(8, False)),
+     r"tensors 't2d' and 'd2t' disagree"),
+    ("no-d2t", lambda t: t.pop("d2t"), r"missing tensor\(s\) \['d2t'\]"),
+    ("d2t-float", lambda t: t.__setitem__("d2t", t["d2t"].float()), r"tensor 'd2t' in model\.safetensors has dtype F32; expected I64"),
+    ("lm-head-full", lambda t: t.__setitem__("lm_head.weight", torch.zeros(V, 256)),
+     r"tensor 'lm_head\.weight' has shape \[4096, 256\], expected \[819, 256\]"),
+])
+def test_bad_maps_are_refused_at_start_up_naming_the_tensor(tmp_path, pair, case, edit, why):
+    _, small = pair
+    path = write(small, tmp_path / case)
+    _check(path)  # negative control: the unbroken draft passes
+    t = load_file(f"{path}/model.safetensors")
+    edit(t)
+    save_file(t, f"{path}/model.safetensors")
+    with pytest.raises(ValueError, match=why):
+        _check(path)
+
+
+# ---- training in draft ids -------------------------------------------------------------------
+
+def _out(logits_full, targets, ids, logp):
+    return DraftOutput(logits=logits_full, targets=targets, target_ids=ids, target_logp=logp)
+
+
+def test_losses_in_draft_ids_equal_the_full_vocabulary_losses_on_the_masked_logits():
+    """Cross-entropy and TV on a reduced draft's logits [.., Vd] with targets mapped
+    (`to_draft_vocab`) equal, in value and gradient, the full-vocabulary losses on logits whose
+    out-of-vocabulary entries are -inf, with out-of-vocabulary targets ignored and the target's
+    top-k renormalised over the vocabulary's part."""
+    torch.manual_seed(0)
+    vs, keep = 12, torch.tensor([1, 2, 5, 7, 9])
+    t2d = vocab.maps(keep, vs)[1]
+    small = torch.randn(2, 3, 4, len(keep), requires_grad=True)
+    targets = torch.tensor([[[1, 5, 3, 9]] * 3] * 2)  # 3 is outside
+    targets[0, 0, 3] = IGNORE
+    ids = torch.stack([torch.tensor([1, 3, 5]), torch.tensor([5, 2, 0]), torch.tensor([9, 7, 4]),
+                       torch.tensor([9, 1, 2])]).expand(2, 3, 4, 3).clone()
+    ids[..., 2, :] = torch.tensor([3, 5, 7])  # top-1 outside: that position is ignored
+    logp = torch.log_softmax(torch.randn(2, 3, 4, 3), -1) - 0.1
+    w = torch.tensor([1.0, 0.7, 0.5, 0.3])
+    red = to_draft_vocab(_out(small, targets, ids, logp), t2d)
+
+    full = torch.full((2, 3, 4, vs), -1e4)  # probability 0 in float32, yet 0 * it stays 0
+    full[..., keep] = small.detach()
+    full.requires_grad_(True)
+    outside = ~t2d[targets.clamp(min=0)] | (targets == IGNORE) | ~t2d[ids].any(-1)
+    ref_targets = torch.where(outside, IGNORE, targets)
+    ref_logp = torch.where(t2d[ids], logp, float("-inf"))
+    ref = _out(full, ref_targets, ids, ref_logp)
+    for loss in (cross_entropy, total_variation):
+        a, b = loss(red, w), loss(ref, w)
+        assert torch.isfinite(a) and torch.allclose(a, b, atol=1e-6), loss.__name__
+        ga, = torch.autograd.grad(a, small)
+        gb, = torch.autograd.grad(b, full)
+        assert torch.allclose(ga, gb[..., keep], atol=1e-6), loss.__name__
+    assert int((red.targets == IGNORE).sum()) == int((ref_targets == IGNORE).sum())
+
+
+def test_to_draft_vocab_ignores_positions_with_no_target_token_inside():
+    t2d = vocab.maps(torch.tensor([1, 2]), 6)[1]
+    out = to_draft_vocab(_out(torch.zeros(1, 2, 2), torch.tensor([[1, 1]]),
+                              torch.tensor([[[1, 4], [4, 5]]]), torch.tensor([[[-0.1, -3.0], [-0.2, -2.0]]])), t2d)
+    assert out.targets.tolist() == [[0, IGNORE]]
+    assert torch.isfinite(cross_entropy(out, torch.ones(2))) and torch.isfinite(total_variation(out, torch.ones(2)))

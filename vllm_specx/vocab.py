@@ -1,0 +1,126 @@
+"""Reduced draft vocabularies: the contract every method's reduced-vocabulary draft follows.
+
+A draft with a reduced vocabulary scores only Vd < V tokens: its output layers (`lm_head`
+[Vd, H], the Markov head's W2 [Vd, r]) are Vd rows, so a draft slot costs Vd / V of a full
+vocabulary's logits. The draft vocabulary is a set of target token ids, stored as speculators and
+vLLM store it (EAGLE-3 and DFlash/DSpark alike):
+
+    d2t  [Vd] int64   offsets: draft id i is target id  i + d2t[i]        (vLLM's draft_id_to_target_id)
+    t2d  [V]  bool    t2d[v] is True iff target id v is in the draft vocabulary   (optional; training)
+
+Draft ids are the selected target ids in ascending order (`maps`), so the two agree exactly when
+`t2d.nonzero() == arange(Vd) + d2t`; `check_maps` refuses anything else, naming the tensor.
+
+What stays exact: a drafted token is always a target token (`to_target`), and for probabilistic
+drafts the distribution q handed to the rejection sampler is the draft's distribution over its
+Vd tokens scattered to the target vocabulary, zero elsewhere (`scatter_to_target`). Rejection
+sampling is exact for any q whose support holds the drafted token, so output stays the target's
+distribution; tokens outside the draft vocabulary are simply never proposed (they cost acceptance,
+which `coverage` measures, never correctness).
+
+Inputs that are target tokens (the Markov head's previous token, the embeddings) stay at the
+target vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+D2T, T2D = "d2t", "t2d"  # checkpoint tensor names (speculators' and vLLM's)
+
+
+def maps(target_ids: torch.Tensor | Iterable[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t [Vd] int64, t2d [V] bool) of a draft vocabulary given as target ids (any order,
+    distinct, each in [0, vocab_size))."""
+    ids = torch.as_tensor(list(target_ids) if not isinstance(target_ids, torch.Tensor) else target_ids,
+                          dtype=torch.long).sort().values
+    if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+        raise ValueError(f"a draft vocabulary needs 1..{vocab_size} target ids in [0, {vocab_size})")
+    if bool((ids[1:] == ids[:-1]).any()):
+        raise ValueError("a draft vocabulary's target ids must be distinct")
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(ids.numel()), t2d
+
+
+def target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """The target id of every draft id: arange(Vd) + d2t."""
+    return torch.arange(d2t.numel(), device=d2t.device) + d2t.long()
+
+
+def check_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int,
+               where: str) -> None:
+    """ValueError naming the tensor when the maps do not describe a draft vocabulary of
+    `draft_vocab_size` distinct target ids below `vocab_size` (and, with t2d, the same one)."""
+    if tuple(d2t.shape) != (draft_vocab_size,) or d2t.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{where}: tensor '{D2T}' must be int64 of shape [{draft_vocab_size}] "
+                         f"(draft_vocab_size), got {d2t.dtype} {list(d2t.shape)}")
+    ids = target_ids(d2t)
+    bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"{where}: tensor '{D2T}' maps draft id {i} to target id {int(ids[i])}, outside "
+                         f"the target vocabulary [0, {vocab_size}) ({bad.numel()} such ids)")
+    if bool((ids[1:] <= ids[:-1]).any()):
+        raise ValueError(f"{where}: tensor '{D2T}' must map draft ids to distinct target ids in "
+                         "ascending order (speculators' and vLLM's layout)")
+    if t2d is None:
+        return
+    if tuple(t2d.shape) != (vocab_size,) or t2d.dtype != torch.bool:
+        raise ValueError(f"{where}: tensor '{T2D}' must be bool of shape [{vocab_size}] (vocab_size), "
+                         f"got {t2d.dtype} {list(t2d.shape)}")
+    if int(t2d.sum()) != draft_vocab_size or not bool(t2d[ids].all()):
+        raise ValueError(f"{where}: tensors '{T2D}' and '{D2T}' disagree: t2d marks {int(t2d.sum())} "
+                         f"target ids, d2t maps {draft_vocab_size}, "
+                         f"{int((~t2d[ids]).sum())} of d2t's target ids are not marked in t2d")
+
+
+def to_target(draft_ids: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Draft ids -> target ids (`ids` = `target_ids(d2t)`; None: a full vocabulary, unchanged)."""
+    return draft_ids if ids is None else ids[draft_ids]
+
+
+def scatter_to_target(probs: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Distributions [..., Vd] over the draft vocabulary -> [..., V] over the target's, zero
+    outside the draft vocabulary (unchanged for a full vocabulary)."""
+    if ids is None:
+        return probs
+    out = probs.new_zeros(*probs.shape[:-1], vocab_size)
+    out[..., ids] = probs
+    return out
+
+
+def from_target(target: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
+    """Target ids -> draft ids, -1 where a token is outside the draft vocabulary (negative ids,
+    e.g. an ignore index, stay -1)."""
+    index = torch.cumsum(t2d.long(), 0) - 1
+    index[~t2d] = -1
+    safe = target.clamp(min=0)
+    return torch.where(target >= 0, index.to(target.device)[safe], torch.full_like(target, -1))
+
+
+def by_frequency(sequences: Iterable[Iterable[int]], size: int, vocab_size: int,
+                 always: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `size` most frequent tokens of `sequences` (ties: lower id first), with the ids in
+    `always` included first (e.g. the end-of-answer token); the token counts [V] too."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        t = torch.as_tensor(list(seq), dtype=torch.long)
+        if t.numel():
+            counts += torch.bincount(t, minlength=vocab_size)[:vocab_size]
+    keep = [int(a) for a in dict.fromkeys(always)]
+    if not 0 < size <= vocab_size or len(keep) > size:
+        raise ValueError(f"draft vocabulary size {size} must be in [{max(1, len(keep))}, {vocab_size}]")
+    score = counts.clone().double()
+    score[keep] = float("inf")
+    # stable sort on -score: equal counts keep ascending id order
+    order = torch.sort(-score, stable=True).indices
+    return order[:size].sort().values, counts
+
+
+def coverage(tokens: torch.Tensor, t2d: torch.Tensor) -> float:
+    """Share of `tokens` (target ids, e.g. the target's greedy outputs) inside the draft vocabulary."""
+    tokens = tokens.flatten()
+    return float(t2d[tokens].float().mean()) if tokens.numel() else float("nan")
