@@ -48,6 +48,22 @@ def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, se
     return draft if draft_vocab is None else reduced(draft, draft_vocab)
 
 
+def reduced_ref_dspark(path, size: int = 1024) -> tuple[str, list[int]]:
+    """The committed reference DSpark head cut to a reduced draft vocabulary: the `size` tokens
+    most frequent in the reference target's training prompts (`model.reduced`); (path, ids)."""
+    from transformers import AutoTokenizer
+
+    from vllm_specx import vocab
+    from vllm_specx.methods.dspark.checkpoint import load_draft
+
+    target = load_target(REF_TARGET)
+    tok = AutoTokenizer.from_pretrained(str(REF_TARGET))
+    ids, _ = vocab.by_frequency((tok(p)["input_ids"] for p in load_prompts("train")), size,
+                                target.config.vocab_size)
+    full = load_draft(ASSETS / "drafts" / "ref-dspark", *embed_and_head(target))
+    return write(reduced(full, ids), path), ids.tolist()
+
+
 def write(draft: DSparkDraft, path, fmt="specx") -> str:
     save(draft, path, fmt, **({"verifier": str(REF_TARGET)} if fmt == "speculators" else {}))
     return str(path)
@@ -143,6 +159,33 @@ def spy_rejection_sampler(worker) -> None:
         return orig(metadata, draft_probs, *args, **kwargs)
 
     rs.forward = forward
+
+
+def spy_draft_probs_mass(worker, allowed: list[int]) -> None:
+    """Record, for every draft-probability tensor the rejection sampler receives, (its shape, its
+    largest row mass on target ids outside `allowed`): a reduced draft vocabulary's q must be
+    zero there."""
+    rs = worker.model_runner.rejection_sampler
+    rs._specx_mass = []
+    orig = rs.forward
+    keep = None
+
+    def forward(metadata, draft_probs, *args, **kwargs):
+        nonlocal keep
+        if draft_probs is not None:
+            if keep is None:
+                keep = torch.zeros(draft_probs.shape[-1], dtype=torch.bool)
+                keep[allowed] = True
+            outside = draft_probs.float()[:, ~keep.to(draft_probs.device)].sum(-1)
+            rs._specx_mass.append((tuple(draft_probs.shape), float(outside.max()) if outside.numel() else 0.0,
+                                   float(draft_probs.float().sum(-1).min()) if draft_probs.numel() else 1.0))
+        return orig(metadata, draft_probs, *args, **kwargs)
+
+    rs.forward = forward
+
+
+def read_draft_probs_mass(worker) -> list:
+    return list(getattr(worker.model_runner.rejection_sampler, "_specx_mass", []))
 
 
 def read_rejection_spy(worker) -> list:

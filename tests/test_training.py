@@ -163,3 +163,29 @@ def test_dspark_own_chain_tokens_are_the_teacher_forced_chain_on_its_own_drafts(
     fb = assemble([{**crops[0], "ids": forced_ids}], [[9]], 30, n, draft.cfg.mask_token_id, q=draft.cfg.block_size)
     torch.testing.assert_close(dspark_train.forward(draft, fb).logits[0, 0], own)
     assert not torch.allclose(dspark_train.forward(draft, b).logits[0, 0], own)  # negative control
+
+
+def test_dspark_trains_with_a_reduced_draft_vocabulary(tmp_path):
+    """`--draft-vocab N`: the N tokens most frequent in the data's responses, the mask token
+    excluded; the loss falls, the checkpoint carries lm_head rows and maps, loads back, and passes
+    the start-up checks against the target."""
+    from collections import Counter
+
+    from vllm_specx import registry, vocab
+    from vllm_specx.methods.dspark.checkpoint import load_draft
+    from vllm_specx.training import trainer
+    from vllm_specx.training.data import response_ids
+    from vllm_specx.training.taps import embed_and_head
+
+    data = _data(tmp_path)
+    rec = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "d", "--loss", "tv",
+                                                       "--mask-token-id", "2", "--draft-vocab", "600")))
+    assert rec["log"][-1]["val_loss"] < rec["log"][0]["val_loss"]
+    draft = load_draft(tmp_path / "d", *embed_and_head(load_target(REF_TARGET)))
+    assert draft.cfg.draft_vocab_size == 600 and draft.lm_head.shape == (600, 256)
+    counts = Counter(t for r in response_ids(data) for t in r)
+    got = vocab.target_ids(draft.d2t).tolist()
+    assert 2 not in got and min(counts[t] for t in got) >= max(c for t, c in counts.items() if t not in got)
+    method, cfg = registry.read_checkpoint(tmp_path / "d")
+    registry.check_draft(method, cfg, tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8,
+                                                       "vocab_size": 4096}, 8)

@@ -12,6 +12,10 @@ Writes, resumably (rerun the same command to continue after an interruption):
   <out>/commands.txt             every gen-data command run on this folder, one per line (the
                                  trainer copies them into its training.json)
 
+The token ids alone are small (about 2 bytes a token): `--export-tokens FILE` writes them to an
+.npz that can be committed, and `--from-tokens FILE --taps ...` rebuilds the folder and its taps
+on another machine without generating again.
+
 Top-k (`--topk K`): row t holds the K most likely next tokens (the token at t + 1) of the target
 at temperature 1 given ids[:t + 1], most likely first, with their log-probabilities under the
 **full** softmax (not renormalised: exp(logp).sum() < 1, the rest is the stored miss). The losses
@@ -187,6 +191,54 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
         file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
 
 
+def export_tokens(out: Path, file: Path) -> dict:
+    """Write a data folder's token ids compactly (no taps) to `file` (.npz): every sample's
+    prompt and response ids concatenated (uint16 when every id fits, else int32), their lengths,
+    the sample ids, and the folder's meta.json and commands; `import_tokens` rebuilds the folder
+    from it, and `gen-data --from-tokens FILE --taps ...` its taps. Returns a summary."""
+    import numpy as np
+
+    rows = _read_jsonl(out / "tokens.jsonl")
+    if not rows:
+        raise ValueError(f"{out}: no tokens.jsonl rows to export")
+    flat = [t for r in rows for t in r["prompt_ids"] + r["output_ids"]]
+    dtype = np.uint16 if max(flat) < 2 ** 16 else np.int32
+    meta = json.loads((out / "meta.json").read_text())
+    commands = (out / COMMANDS_FILE).read_text() if (out / COMMANDS_FILE).exists() else ""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(file, ids=np.asarray(flat, dtype=dtype),
+                        prompt_len=np.asarray([len(r["prompt_ids"]) for r in rows], dtype=np.int32),
+                        output_len=np.asarray([len(r["output_ids"]) for r in rows], dtype=np.int32),
+                        sample_id=np.asarray([r["id"] for r in rows]),
+                        meta=np.asarray(json.dumps({k: v for k, v in meta.items() if k not in TAPS_FIELDS})),
+                        commands=np.asarray(commands))
+    return {"samples": len(rows), "response_tokens": sum(len(r["output_ids"]) for r in rows),
+            "bytes": file.stat().st_size}
+
+
+def import_tokens(file: Path, out: Path) -> dict:
+    """The data folder's tokens.jsonl and meta.json from an `export_tokens` file (the taps are
+    then made by `write_taps`); refused when `out` already holds other data. Returns the meta."""
+    import numpy as np
+
+    with np.load(file) as z:
+        ids, plen, olen, sid = z["ids"].astype(np.int64), z["prompt_len"], z["output_len"], z["sample_id"]
+        meta, commands = json.loads(str(z["meta"])), str(z["commands"])
+    _check_meta(out, meta)
+    have = {r["id"] for r in _read_jsonl(out / "tokens.jsonl")}
+    ends = np.cumsum(plen + olen)
+    with open(out / "tokens.jsonl", "a") as f:
+        for i, (n_p, end) in enumerate(zip(plen, ends)):
+            key = sid[i].item()
+            if key in have:
+                continue
+            seq = ids[end - (n_p + olen[i]): end].tolist()
+            f.write(json.dumps({"id": key, "prompt_ids": seq[:n_p], "output_ids": seq[n_p:]}) + "\n")
+    if commands and not (out / COMMANDS_FILE).exists():
+        (out / COMMANDS_FILE).write_text(commands)
+    return meta
+
+
 def response_ids(out: str | Path) -> list[list[int]]:
     """The generated token ids of every response in a data folder (its tokens.jsonl)."""
     return [r["output_ids"] for r in _read_jsonl(Path(out) / "tokens.jsonl")]
@@ -245,6 +297,15 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _token_file_meta(file: Path) -> dict:
+    import numpy as np
+
+    if not file.is_file():
+        raise SystemExit(f"--from-tokens {file}: no such file")
+    with np.load(file) as z:
+        return json.loads(str(z["meta"]))
+
+
 def default_out(target: str, prompts: str, root: Path) -> Path:
     """`<root>/data/<target>-<prompts>`: a target or prompt file named by its folder or file stem."""
     stem = lambda x: Path(x).stem if Path(x).suffix == ".jsonl" else Path(x).name  # noqa: E731
@@ -253,9 +314,15 @@ def default_out(target: str, prompts: str, root: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vllm-specx gen-data", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", required=True, help="a target name (vllm-specx target --help) or a model directory")
-    ap.add_argument("--prompts", required=True,
+    ap.add_argument("--target", help="a target name (vllm-specx target --help) or a model directory")
+    ap.add_argument("--prompts",
                     help="a training prompt set by name (e.g. chat-train) or a jsonl with 'id' and 'prompt' or 'messages'")
+    ap.add_argument("--export-tokens", metavar="FILE",
+                    help="write the data folder's token ids (no taps) to FILE (.npz) and stop: small "
+                         "enough to commit; --from-tokens rebuilds the folder from it")
+    ap.add_argument("--from-tokens", metavar="FILE",
+                    help="rebuild a data folder from an --export-tokens file (target, prompts and "
+                         "generation settings come from it), then store --taps for it")
     ap.add_argument("--out", help="the data folder (default: $VLLM_SPECX_CACHE/data/<target>-<prompts>, "
                                   "else ~/.cache/vllm-specx/data/<target>-<prompts>)")
     ap.add_argument("--batch", type=int, default=64,
@@ -284,10 +351,29 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from vllm_specx.targets import cache_root, resolve
 
-    target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
+    if args.export_tokens and args.out and not (args.target or args.prompts):
+        print(json.dumps(export_tokens(Path(args.out), Path(args.export_tokens))))
+        return
+    if args.from_tokens:
+        if args.target or args.prompts:
+            ap.error("--from-tokens takes the target and prompts from its file: drop --target/--prompts")
+        saved = _token_file_meta(Path(args.from_tokens))
+        args.target, args.prompts = saved["target"], saved["prompts"]
+    elif not (args.target and args.prompts):
+        ap.error("--target and --prompts are required (or --from-tokens FILE)")
     out = Path(args.out) if args.out else default_out(args.target, args.prompts, cache_root())
+    if args.export_tokens:
+        print(json.dumps(export_tokens(out, Path(args.export_tokens))))
+        return
+    if args.from_tokens:
+        import_tokens(Path(args.from_tokens), out)
+        args.taps_only = True
+        for k in ("max_tokens", "temperature", "limit", "spread"):
+            if k in saved:
+                setattr(args, k, saved[k])
+        args.stop_at_eos = bool(saved.get("stop_at_eos"))
+    target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
-    prompts = select_prompts(args.prompts, args.limit, args.spread)
     meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
             "temperature": args.temperature, "prompts": args.prompts}
     meta.update({k: getattr(args, k) for k in ("limit", "spread") if getattr(args, k) is not None})
@@ -302,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     with open(out / COMMANDS_FILE, "a") as f:
         f.write(" ".join(["vllm-specx gen-data", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]) + "\n")
     if not args.taps_only:
+        prompts = select_prompts(args.prompts, args.limit, args.spread)
         generate_tokens(target, prompts, out, args.max_tokens, args.temperature, batch=args.batch,
                         ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
     print(f"data: {out}")

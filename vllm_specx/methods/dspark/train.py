@@ -151,8 +151,12 @@ def data_vocab(args, cfg: DSparkDraftConfig) -> torch.Tensor:
     tokens.jsonl), the mask token excluded (it is never drafted)."""
     from vllm_specx.training.data import response_ids
 
-    ids, counts = vocab.by_frequency(response_ids(args.data), cfg.draft_vocab_size + 1, cfg.vocab_size)
-    ids = ids[ids != cfg.mask_token_id][: cfg.draft_vocab_size]
+    m = cfg.mask_token_id
+    ids, counts = vocab.by_frequency(([t for t in r if t != m] for r in response_ids(args.data)),
+                                     cfg.draft_vocab_size, cfg.vocab_size)
+    if bool((ids == m).any()):  # fewer distinct tokens than the size: a zero-count filler
+        raise SystemExit(f"--draft-vocab {cfg.draft_vocab_size}: the data's responses have fewer "
+                         "distinct tokens; give a smaller size")
     print(f"draft vocabulary: {cfg.draft_vocab_size} of {cfg.vocab_size} tokens, "
           f"{float(counts[ids].sum()) / max(1, int(counts.sum())):.4f} of the data's response tokens")
     return ids

@@ -1,0 +1,53 @@
+"""Training data survives a new machine: `gen-data --export-tokens` writes a data folder's token
+ids compactly, `--from-tokens` rebuilds the folder (the same tokens.jsonl rows and meta) and its
+taps, equal to the taps the original folder gets."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vllm_specx.training.data import export_tokens, import_tokens, main
+
+from ..helpers import REF_TARGET
+
+
+def _folder(path, rows, **meta):
+    path.mkdir(parents=True)
+    (path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [], "max_tokens": 8,
+                                                "temperature": 0.0, "prompts": "train", **meta}))
+    (path / "commands.txt").write_text("vllm-specx gen-data --target x --prompts train\n")
+
+
+ROWS = [{"id": 3, "prompt_ids": [5, 6, 7], "output_ids": [8, 9, 10, 11]},
+        {"id": 0, "prompt_ids": [1], "output_ids": [4095, 2, 0]}]
+
+
+def test_export_then_import_gives_the_same_rows_and_meta(tmp_path):
+    _folder(tmp_path / "a", ROWS, stop_at_eos=True)
+    info = export_tokens(tmp_path / "a", tmp_path / "t.npz")
+    assert info == {"samples": 2, "response_tokens": 7, "bytes": (tmp_path / "t.npz").stat().st_size}
+    meta = import_tokens(tmp_path / "t.npz", tmp_path / "b")
+    assert meta["stop_at_eos"] is True and meta["prompts"] == "train"
+    got = [json.loads(x) for x in (tmp_path / "b" / "tokens.jsonl").read_text().splitlines()]
+    assert got == ROWS
+    import_tokens(tmp_path / "t.npz", tmp_path / "b")  # resumable: nothing appended twice
+    assert len((tmp_path / "b" / "tokens.jsonl").read_text().splitlines()) == 2
+    # a folder holding other data is refused
+    _folder(tmp_path / "c", ROWS, max_tokens=9)
+    with pytest.raises(ValueError, match="existing data was made with"):
+        import_tokens(tmp_path / "t.npz", tmp_path / "c")
+
+
+def test_from_tokens_rebuilds_the_taps(tmp_path):
+    _folder(tmp_path / "a", ROWS)
+    main(["--target", str(REF_TARGET), "--prompts", "train", "--out", str(tmp_path / "a"), "--taps", "1,4",
+          "--max-tokens", "8", "--taps-only"])
+    main(["--out", str(tmp_path / "a"), "--export-tokens", str(tmp_path / "t.npz")])
+    main(["--from-tokens", str(tmp_path / "t.npz"), "--out", str(tmp_path / "b"), "--taps", "1,4"])
+    a, b = (load_file(next((tmp_path / d / "taps").glob("*.safetensors"))) for d in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(SystemExit):
+        main(["--from-tokens", str(tmp_path / "t.npz"), "--target", "x", "--out", str(tmp_path / "c")])
