@@ -127,11 +127,16 @@ def trained_prompt_ids(record: dict) -> tuple[str, set[int]] | None:
 
 
 def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int,
-                    temperature: float = 0.0, batch: int = 64, ignore_eos: bool = True,
+                    temperature: float = 0.0, batch: int = 256, ignore_eos: bool = True,
                     engine_args: dict | None = None) -> None:
     """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl (chats rendered
-    with the target's chat template), `batch` prompts per engine call; the progress bar counts
-    prompts over the whole set (its ETA is for the rest) and the tokens generated."""
+    with the target's chat template).
+
+    The engine is fed continuously: up to `batch` prompts are in flight at once, so the batch never
+    drains between chunks; responses are written as soon as every earlier prompt's is (prompt
+    order, so a stopped run holds a prefix of the set and loses only what was in flight). The
+    progress bar counts prompts over the whole set (its ETA is for the rest) and the tokens
+    generated."""
     rows = _read_jsonl(out / "tokens.jsonl")
     done = {r["id"] for r in rows}
     todo = [p for p in prompts if p["id"] not in done]
@@ -149,16 +154,31 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="generate", unit="prompt",
                smoothing=0.05)
     with cpu_llm(target, **(engine_args or {})) as llm, open(out / "tokens.jsonl", "a") as f, bar:
-        for i in range(0, len(todo), batch):
-            chunk = todo[i:i + batch]
-            inputs = render([p["prompt"] for p in chunk], tok)
-            for p, o in zip(chunk, llm.generate(inputs, params, use_tqdm=False)):
-                f.write(json.dumps({"id": p["id"], "prompt_ids": list(o.prompt_token_ids),
-                                    "output_ids": list(o.outputs[0].token_ids)}) + "\n")
-                tokens += len(o.outputs[0].token_ids)
+        engine, queue, in_flight = llm.llm_engine, iter(todo), {}
+        finished, written = {}, 0  # rows are written in prompt order (a stopped run holds a prefix)
+        while True:
+            while len(in_flight) < batch:
+                p = next(queue, None)
+                if p is None:
+                    break
+                rid = f"gen-{p['id']}"
+                engine.add_request(rid, render([p["prompt"]], tok)[0], params)
+                in_flight[rid] = p
+            if not in_flight:
+                break
+            for o in engine.step():
+                if o.finished:
+                    p = in_flight.pop(o.request_id)
+                    finished[p["id"]] = (list(o.prompt_token_ids), list(o.outputs[0].token_ids))
+            while written < len(todo) and todo[written]["id"] in finished:
+                pid = todo[written]["id"]
+                prompt_ids, output_ids = finished.pop(pid)
+                f.write(json.dumps({"id": pid, "prompt_ids": prompt_ids, "output_ids": output_ids}) + "\n")
+                written += 1
+                tokens += len(output_ids)
+                bar.set_postfix(tokens=tokens, refresh=False)
+                bar.update(1)
             f.flush()
-            bar.set_postfix(tokens=tokens, refresh=False)
-            bar.update(len(chunk))
 
 
 def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
@@ -325,8 +345,8 @@ def main(argv: list[str] | None = None) -> None:
                          "generation settings come from it), then store --taps for it")
     ap.add_argument("--out", help="the data folder (default: $VLLM_SPECX_CACHE/data/<target>-<prompts>, "
                                   "else ~/.cache/vllm-specx/data/<target>-<prompts>)")
-    ap.add_argument("--batch", type=int, default=64,
-                    help="prompts per engine call (the unit of resumption; larger keeps the batch fuller)")
+    ap.add_argument("--batch", type=int, default=256,
+                    help="prompts in flight at once (fed continuously; at least the engine's max_num_seqs)")
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--engine-args", type=_json_object, default={},
