@@ -189,3 +189,21 @@ def test_dspark_trains_with_a_reduced_draft_vocabulary(tmp_path):
     method, cfg = registry.read_checkpoint(tmp_path / "d")
     registry.check_draft(method, cfg, tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8,
                                                        "vocab_size": 4096}, 8)
+
+
+@pytest.mark.parametrize("specials,want", [
+    ({"mask_token": "<m>"}, 3), ({"pad_token": "<p>", "eos_token": "<e>"}, 4),
+    ({"pad_token": "<e>", "eos_token": "<e>", "unk_token": "<u>"}, 5), ({}, 9)])
+def test_dspark_mask_token_default_for_a_tokenizer_without_one(tmp_path, specials, want):
+    """A target whose tokenizer has no <|mask|> trains without --mask-token-id: its mask token, a
+    pad token that is not its end of text, its unknown token, else the last id (recorded)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from vllm_specx.methods.dspark.train import default_mask_token
+
+    words = ["a", "b", "c", "<m>", "<p>", "<u>", "<e>"]
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {w: i for i, w in enumerate(words)}, unk_token="<u>")), **specials)
+    tok.save_pretrained(tmp_path)
+    assert default_mask_token(str(tmp_path), 10) == want

@@ -181,25 +181,38 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
             f.flush()
 
 
+def taps_device(device: str | None) -> str:
+    """`--device`: as given, else cuda when torch sees one, else cpu."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _shard_file(out: Path, first_id, index: int) -> Path:
+    """A taps shard's file, named by its first sample's id (a number), or by its first row's
+    index when ids are text (a user's prompt file)."""
+    name = f"{first_id:06d}" if isinstance(first_id, int) else f"row{index:07d}"
+    return out / "taps" / f"{name}.safetensors"
+
+
 def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
-               dtype: str = "float32") -> None:
+               dtype: str = "float32", device: str | None = None) -> None:
     """Store the target's taps (and, with topk > 0, its top-k next-token log-probabilities) for
-    every generated sequence, one safetensors file per shard."""
+    every generated sequence, one safetensors file per shard, computed on `device` (`taps_device`)."""
     from vllm_specx.training.taps import load_target, target_taps
 
     rows = _read_jsonl(out / "tokens.jsonl")
     (out / "taps").mkdir(exist_ok=True)
-    model = None
+    model, device = None, taps_device(device)
     for i in tqdm(range(0, len(rows), shard), desc="taps", unit="shard"):
-        file = out / "taps" / f"{rows[i]['id']:06d}.safetensors"
+        file = _shard_file(out, rows[i]["id"], i)
         if file.exists():
             continue
-        model = model or load_target(target, getattr(torch, dtype))
+        model = model or load_target(target, getattr(torch, dtype)).to(device)
         seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
         # One padded forward per shard: right padding cannot change a causal model's earlier rows.
-        got = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), layer_ids,
+        got = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device), layer_ids,
                           topk=topk)
-        taps, (top_logp, top_ids) = (got, (None, None)) if not topk else got
+        taps, (top_logp, top_ids) = (got.cpu(), (None, None)) if not topk else (
+            got[0].cpu(), (got[1][0].cpu(), got[1][1].cpu()))
         tensors = {}
         for n, (r, ids, t) in enumerate(zip(rows[i:i + shard], seqs, taps)):
             tensors[f"ids_{r['id']}"] = ids
@@ -355,8 +368,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--taps", default="", help="comma-separated 0-based target layers; empty: tokens only")
     ap.add_argument("--topk", type=int, default=0,
                     help="also store the target's top-K next-token log-probs (TV-type losses need them)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="arithmetic of the taps/top-k forward")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                    help="arithmetic of the taps/top-k forward (default: bfloat16 on cuda, float32 on cpu)")
+    ap.add_argument("--device", default=None,
+                    help="where the taps/top-k forward runs: cuda, cuda:1, cpu (default: cuda when "
+                         "available, else cpu); generation runs in vLLM on its own platform")
     ap.add_argument("--limit", type=int, default=None, help="the first N prompts")
     ap.add_argument("--spread", type=int, default=None,
                     help="N prompts spread evenly over the set (every len/N-th), after --limit")
@@ -393,6 +409,9 @@ def main(argv: list[str] | None = None) -> None:
                 setattr(args, k, saved[k])
         args.stop_at_eos = bool(saved.get("stop_at_eos"))
     target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
+    args.device = taps_device(args.device)
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
     meta = {"target": args.target, "taps": list(taps), "max_tokens": args.max_tokens,
             "temperature": args.temperature, "prompts": args.prompts}
@@ -413,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
                         ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
     print(f"data: {out}")
     if taps:
-        write_taps(target, out, taps, topk=args.topk, dtype=args.dtype)
+        print(f"taps: {len(taps)} layers on {args.device} in {args.dtype}")
+        write_taps(target, out, taps, topk=args.topk, dtype=args.dtype, device=args.device)
     elif args.topk:
         raise ValueError("--topk needs --taps (they are stored together)")
 

@@ -78,7 +78,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--mask-token-id", type=int, default=None,
-                    help="default: the target tokenizer's <|mask|>")
+                    help="default: the tokenizer's <|mask|> or mask token, else pad, unk or the last id")
     ap.add_argument("--markov-head-type", default="rnn", choices=["vanilla", "gated", "rnn"],
                     help="rnn (the recipe's recurrent head), or vanilla (the baseline) / gated")
     ap.add_argument("--layout", default="anchor", choices=["anchor", "fill-in"],
@@ -98,12 +98,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> DSparkDraft:
     """A freshly initialised head for `target` (transformers model) on the data's taps."""
     if args.mask_token_id is None:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(target.name_or_path)
-        args.mask_token_id = tok.get_vocab().get("<|mask|>", tok.mask_token_id)
-        if args.mask_token_id is None:
-            raise SystemExit(f"--target {args.target}: its tokenizer has no <|mask|> or mask token; pass "
-                             "--mask-token-id (any id whose target embedding the mask slots start from)")
+        args.mask_token_id = default_mask_token(target.name_or_path, int(target.config.vocab_size))
     tc = target.config.to_dict()
     taps = draft_taps(args, list(data_meta["taps"]), int(tc["num_hidden_layers"]))
     cfg = DSparkDraftConfig.for_target(
@@ -144,6 +139,24 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         raise SystemExit(f"--init-from {args.init_from}: {e}" if args.init_from else str(e)) from None
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
+
+
+def default_mask_token(target_dir: str, vocab_size: int) -> int:
+    """The token the query block's mask slots are fed (recorded in the draft's config): the
+    tokenizer's `<|mask|>` or mask token; else its pad token when that is not also its end of
+    text, else its unknown token, else the vocabulary's last id. Any id works: the slots only start
+    from its embedding (and with --slot-queries learn their own)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    for why, tid in (("<|mask|>", tok.get_vocab().get("<|mask|>")), ("the mask token", tok.mask_token_id),
+                     ("the pad token", tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else None),
+                     ("the unknown token", tok.unk_token_id), ("the vocabulary's last id", vocab_size - 1)):
+        if tid is not None and 0 <= tid < vocab_size:
+            if why != "<|mask|>" and why != "the mask token":
+                print(f"mask token: the tokenizer has none; using {why}, id {tid} (--mask-token-id to choose)")
+            return int(tid)
+    raise AssertionError("unreachable")
 
 
 def data_vocab(args, cfg: DSparkDraftConfig) -> torch.Tensor:
