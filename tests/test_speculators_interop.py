@@ -8,8 +8,11 @@ equal this reference for the same checkpoints.
 
 Variants: `default` (speculators' defaults: sliding-window layers, causal inside the block,
 vanilla head, confidence head, anchor layout; trained for real), `gated-noncausal`, `rnn`,
-`rnn-fillin` (fill-in layout, block 4) and `full-noconf` (full-attention layer, no confidence
-head).
+`rnn-fillin` (fill-in layout, block 4), `full-noconf` (full-attention layer, no confidence
+head) and `reduced-vocab` (a draft vocabulary of 256 of the target's 4096 tokens that speculators'
+trainer built itself with `--draft-vocab-size 256` from prepare-data's token counts: the checkpoint
+holds its `lm_head.weight` [256, H], `d2t` and `t2d`; logits are over the 256 draft ids, drafts
+leave as target ids through `d2t`).
 """
 
 import json
@@ -19,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vllm_specx import vocab
 from vllm_specx.methods.dspark.checkpoint import load_draft
 
 from .helpers import REF_TARGET, embed_and_head, load_target
@@ -33,6 +37,9 @@ EXPECTED = {  # what each variant's config.json must mean to us
     "rnn-fillin": {"markov_head_type": "rnn", "sample_from_anchor": False, "block_size": 4},
     "full-noconf": {"markov_head_type": "vanilla", "causal": False, "sliding_window": None,
                     "confidence_head": None},
+    "reduced-vocab": {"draft_vocab_size": 256, "vocab_size": 4096, "markov_head_type": "vanilla",
+                      "causal": True, "sliding_window": 2048, "confidence_head": "hidden+markov",
+                      "sample_from_anchor": True, "block_size": 8},
 }
 
 
@@ -54,6 +61,40 @@ def test_config_means_what_speculators_trained(variant):
     cfg = read_pretrained(FIXTURES / variant)
     for key, want in EXPECTED[variant].items():
         assert getattr(cfg, key) == want, (key, getattr(cfg, key))
+    assert cfg.vocab_size == 4096 and cfg.draft_vocab_size == raw["draft_vocab_size"]
+    assert cfg.reduced_vocab == (variant == "reduced-vocab")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_start_up_checks_accept_it(variant):
+    """`vllm-specx check` against the reference target: the checks an engine start runs before vLLM
+    loads the draft (`registry.check_draft`: config vs target, tensor names / shapes / dtypes /
+    values, and a reduced vocabulary's d2t / t2d)."""
+    from vllm_specx.cli import check
+
+    assert check(str(FIXTURES / variant), str(REF_TARGET), None).startswith("ok: method dspark")
+
+
+def test_reduced_vocabulary_is_read_as_speculators_wrote_it(embed_head):
+    """speculators' own layout: `d2t` int64 offsets and `t2d` bool naming the same ascending target
+    ids, `lm_head.weight` the target's rows at those ids (in the checkpoint's bfloat16); our reader
+    keeps all three. Every d2t entry is nonzero here, so a reader or drafter that left draft ids
+    unmapped would fail `test_reference_model_equals_speculators_forward`."""
+    path = FIXTURES / "reduced-vocab"
+    t = load_file(path / "model.safetensors")
+    assert t["d2t"].dtype == torch.int64 and t["t2d"].dtype == torch.bool
+    ids = vocab.target_ids(t["d2t"])
+    assert torch.equal(t["t2d"].nonzero().flatten(), ids)
+    assert bool((t["d2t"] != 0).all())
+    _, head = embed_head
+    assert torch.equal(t["lm_head.weight"], head[ids].to(t["lm_head.weight"].dtype))
+    d = load_draft(path, *embed_head)
+    assert torch.equal(d.draft_target_ids, ids) and torch.equal(d.t2d, t["t2d"])
+    assert torch.equal(d.lm_head, t["lm_head.weight"].float())
+    ref = load_file(FIXTURES / "reduced-vocab.reference.safetensors")
+    assert ref["s0.logits"].shape[-1] == 256
+    drafted = torch.cat([ref[f"s{s}.greedy_drafts"].flatten() for s in (0, 1)])
+    assert bool(t["t2d"][drafted].all())  # target ids, every one in the draft vocabulary
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

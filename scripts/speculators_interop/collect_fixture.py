@@ -84,7 +84,7 @@ def cmd_provenance(args):
         "data_recipe": args.data_recipe,
         "reference": {"metadata": ref_meta, "tensors": ref_shapes},
         "files": files,
-        "regenerate": "bash scripts/speculators_interop/run.sh",
+        "regenerate": args.regenerate,
     }
     (dst / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
     print(f"wrote {dst / 'provenance.json'}")
@@ -103,6 +103,7 @@ def main():
             s.add_argument("--description", default="")
             s.add_argument("--train-wall-s", type=float, default=None)
             s.add_argument("--data-recipe", default="")
+            s.add_argument("--regenerate", default="bash scripts/speculators_interop/run.sh")
     args = p.parse_args()
     {"copy": cmd_copy, "provenance": cmd_provenance}[args.cmd](args)
 

@@ -23,11 +23,18 @@ teacher-forced ``prev`` ids are rebuilt as core.py builds them and
 forward produced. Greedy drafts use speculators' own ``markov_head.block_bias`` with
 drafted (not ground-truth) previous tokens.
 
+A reduced draft vocabulary (config ``draft_vocab_size`` < the target's ``vocab_size``:
+the checkpoint then holds speculators' ``lm_head.weight`` [Vd, H], ``d2t`` and ``t2d``):
+logits are over the Vd draft ids (speculators' order, ascending target id); a greedy draft
+is the argmax draft id mapped to its target id with speculators' own ``d2t`` buffer
+(target = draft + d2t[draft]), and that target id is the next slot's previous token
+(``markov_w1`` indexes the target vocabulary). ``greedy_drafts`` are target ids.
+
 Writes ``<fixture>.reference.safetensors`` (beside the checkpoint directory) with, for s in {0, 1}:
     s{s}.input_ids [S] i64, s{s}.taps [S, n_aux*H], s{s}.anchors [M] i64,
     s{s}.hidden [M, B, H], s0.logits [M, B, V] (base logits are checked here, not stored),
     s{s}.prev [M, B] i64, s{s}.confidence_logits [M, B] (if the head exists),
-    s{s}.greedy_drafts [M, n_drafts] i64 (n_drafts = B if sample_from_anchor else B-1),
+    s{s}.greedy_drafts [M, n_drafts] i64 target ids (n_drafts = B if sample_from_anchor else B-1),
 plus safetensors metadata (dataset rows used, anchors, loss, eager-vs-sdpa check).
 
 Command (from the repo root):
@@ -200,6 +207,7 @@ def run_sequence(model, ids, taps, last, anchors):
         slots = list(range(1, B))  # draft k at slot k+1; prev(slot k+1) = p+k
     n_drafts = len(slots)
     drafts = torch.zeros(M, n_drafts, dtype=torch.long)
+    to_target = draft_to_target(model)
     prev_d = anchor_tok[:, None].repeat(1, B)  # slots not yet drafted: unused
     for k, slot in enumerate(slots):
         if k > 0:
@@ -208,16 +216,41 @@ def run_sequence(model, ids, taps, last, anchors):
             step = base + head.block_bias(prev_token_ids=prev_d, hidden_states=hidden)
         else:
             step = base
-        drafts[:, k] = step[:, slot].argmax(-1)
+        drafts[:, k] = to_target(step[:, slot].argmax(-1))
     # With teacher forcing and drafts equal to the truth, this is the forward path.
     out["greedy_drafts"] = drafts
     stats = {
         "loss": float(loss),
         "greedy_match_teacher_argmax_slot0": bool(
-            torch.equal(drafts[:, 0], logits[:, slots[0]].argmax(-1))
+            torch.equal(drafts[:, 0], to_target(logits[:, slots[0]].argmax(-1)))
         ),
     }
     return out, stats
+
+
+def draft_to_target(model):
+    """Draft ids -> target ids with speculators' own d2t buffer (identity for a full vocabulary)."""
+    if not model.use_draft_vocab:
+        return lambda ids: ids
+    d2t = model.d2t.long()
+    return lambda ids: ids + d2t[ids]
+
+
+def check_draft_vocab(model, fixture: str, tgt_head: torch.Tensor) -> dict:
+    """A reduced draft vocabulary as speculators loaded it: t2d and d2t (from the checkpoint) name
+    the same ascending target ids, lm_head is the checkpoint's rows = the target's rows at those ids
+    (in the checkpoint's dtype), verifier_lm_head the target's rows in float32."""
+    t2d, d2t = model.t2d, model.d2t
+    assert t2d.dtype == torch.bool and d2t.dtype == torch.long, (t2d.dtype, d2t.dtype)
+    ids = torch.arange(d2t.numel()) + d2t
+    assert torch.equal(t2d.nonzero().flatten(), ids), "t2d and d2t disagree"
+    ckpt = load_file(str(Path(fixture) / "model.safetensors"))
+    assert torch.equal(ckpt["d2t"], d2t) and torch.equal(ckpt["t2d"], t2d)
+    head = ckpt["lm_head.weight"]
+    assert torch.equal(model.lm_head.weight, head.float())
+    assert torch.equal(head, tgt_head[ids].to(head.dtype))
+    assert torch.equal(model.verifier_lm_head.weight, tgt_head[ids])
+    return {"draft_vocab_size": int(d2t.numel()), "lm_head_dtype_on_disk": str(head.dtype)}
 
 
 def main():
@@ -237,11 +270,16 @@ def main():
     tgt = load_file(str(Path(vpath) / "model.safetensors"))
     emb = tgt["model.embed_tokens.weight"].float()
     assert torch.equal(model.embed_tokens.weight, emb)
-    assert torch.equal(model.lm_head.weight, tgt.get("lm_head.weight", emb).float())
+    tgt_head = tgt.get("lm_head.weight", emb).float()
+    if model.use_draft_vocab:
+        vocab_meta = check_draft_vocab(model, args.fixture, tgt_head)
+    else:
+        assert torch.equal(model.lm_head.weight, tgt_head)
+        vocab_meta = {}
     assert torch.equal(model.verifier_norm.weight, tgt["model.norm.weight"].float())
 
     ds, rows = pick_rows(args.data, args.train_ratio, len(ANCHORS))
-    tensors, meta = {}, {"rows": rows, "seq_len": SEQ_LEN, "anchors": ANCHORS}
+    tensors, meta = {}, {"rows": rows, "seq_len": SEQ_LEN, "anchors": ANCHORS, **vocab_meta}
     eager = None
     if args.cross_check_eager:
         eager = load_model(args.fixture, "eager", args.verifier)

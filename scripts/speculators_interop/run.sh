@@ -9,6 +9,7 @@
 #       "speculators==0.9.0" "torch==2.13.0" "transformers<=5.19.0" && \
 #       .cache/speculators-venv/bin/pip uninstall -y torchvision torchaudio    # once, ~1.5 min
 #   bash scripts/speculators_interop/run.sh            # ~10-15 min on 2 CPU cores
+#   VARIANTS=reduced-vocab bash scripts/speculators_interop/run.sh   # data + one variant, ~4 min
 #
 # Environment (all optional):
 #   SPEC_VENV       venv with speculators==0.9.0 (default .cache/speculators-venv)
@@ -16,15 +17,25 @@
 #   SPEC_THREADS    torch/OMP threads per process (default 1: on a shared 2-core box
 #                   2 threads thrash, 0.35 s/step with 1 vs 5-7 s/step with 2)
 #   DEFAULT_EPOCHS  epochs for the `default` variant (default 8)
-#   PARALLEL        1 (default): train `default` in the background while the four
+#   PARALLEL        1 (default): train `default` in the background while the
 #                   1-epoch variants train in the foreground; 0: all sequential
+#   VARIANTS        space-separated variants to (re)build (default: all of ALL_VARIANTS);
+#                   the data steps always run, other variants' fixtures are left as they are
 #
 # Steps:
 #   1. make_data.py gen: first 300 prompts of assets/prompts/train.jsonl with >= 64
 #      tokens, cut to 64 tokens, + 136 greedy target tokens (loss_mask 1 on those).
 #   2. speculators prepare-data (offline: rows already carry input_ids/loss_mask).
 #   3. make_data.py hs: target hidden states, aux ids 2 5 7 (+ pre-norm last layer).
-#   4. train_cpu.py (speculators' trainer, CPU patches) for each variant.
+#   4. train_cpu.py (speculators' trainer, CPU patches) for each variant. `reduced-vocab`
+#      passes --draft-vocab-size 256: speculators' trainer builds d2t/t2d itself from
+#      <data>/token_freq.pt (written by prepare-data --no-skip-token-freq: counts of the
+#      loss-mask-1 tokens; top 256 by count, ties to the lower id) and saves lm_head.weight
+#      [256, H] (the target's rows), d2t [256] int64 and t2d [4096] bool with the draft.
+#      256, not more: the generations hold only 440 distinct tokens (99.1% of them in the
+#      top 256); above 440 speculators fills the vocabulary with the lowest unused ids, and
+#      at 1024 every token the draft ever drafts has draft id == target id (d2t 0 up to
+#      draft id 855), so a reader that skipped d2t would pass. At 256 every d2t is nonzero.
 #   5. collect_fixture.py copy -> dump_reference.py -> collect_fixture.py provenance.
 set -euo pipefail
 
@@ -37,6 +48,12 @@ DEFAULT_EPOCHS="${DEFAULT_EPOCHS:-8}"
 PARALLEL="${PARALLEL:-1}"
 PY="$SPEC_VENV/bin/python"
 FIX="$REPO/tests/fixtures/speculators"
+ALL_VARIANTS="default gated-noncausal rnn rnn-fillin full-noconf reduced-vocab"
+VARIANTS="${VARIANTS:-$ALL_VARIANTS}"
+for v in $VARIANTS; do
+    case " $ALL_VARIANTS " in *" $v "*) ;; *) echo "unknown variant $v (known: $ALL_VARIANTS)"; exit 2;; esac
+done
+want() { case " $VARIANTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 export OMP_NUM_THREADS="$SPEC_THREADS" MKL_NUM_THREADS="$SPEC_THREADS"
 export HF_DATASETS_CACHE="$SPEC_WORK/hf_datasets_cache"
@@ -78,9 +95,10 @@ COMMON=(--speculator-type dspark --verifier-name-or-path assets/ref-target
     --hidden-states-dtype float32 --max-anchors 64 --log-freq 30 --seed 0)
 
 declare -A EPOCHS DESC WALL
-train() {  # train <variant> <epochs> <description> <flags...>
+train() {  # train <variant> <epochs> <description> <flags...> (skipped unless in VARIANTS)
     local v="$1" ep="$2" desc="$3"; shift 3
     EPOCHS[$v]="$ep"; DESC[$v]="$desc"
+    want "$v" || return 0
     local t=$SECONDS
     "$PY" "$HERE/train_cpu.py" "${COMMON[@]}" "$@" --epochs "$ep" \
         --checkpoint-freq "$ep" --save-path "ckpt/$v" > "logs/train_$v.log" 2>&1 \
@@ -93,7 +111,8 @@ echo "== train"
 V_DEFAULT=(default "$DEFAULT_EPOCHS" \
     "speculators dspark defaults (sliding-window, causal in block, vanilla Markov, confidence head, sample_from_anchor), 2 layers, markov rank 64" \
     --num-layers 2 --markov-rank 64)
-if [ "$PARALLEL" = 1 ]; then
+BG=
+if [ "$PARALLEL" = 1 ] && want default; then
     train "${V_DEFAULT[@]}" & BG=$!
 else
     train "${V_DEFAULT[@]}"
@@ -106,14 +125,18 @@ train rnn-fillin 1 "rnn Markov head, sample_from_anchor=False (bonus anchor), bl
     --num-layers 1 --markov-rank 32 --markov-head-type rnn --no-sample-from-anchor --block-size 4
 train full-noconf 1 "full-attention layer, no confidence head, vanilla Markov, 1 layer" \
     --num-layers 1 --markov-rank 32 --full-attention-indices 0 --no-enable-confidence-head
-if [ "$PARALLEL" = 1 ]; then
-    EPOCHS[default]="$DEFAULT_EPOCHS"; wait "$BG"
+train reduced-vocab 1 "reduced draft vocabulary: 256 of the target's 4096 tokens (--draft-vocab-size 256; speculators builds d2t/t2d from prepare-data's token_freq.pt), speculators dspark defaults (sliding-window, causal in block, vanilla Markov, confidence head, sample_from_anchor), 1 layer" \
+    --num-layers 1 --markov-rank 32 --draft-vocab-size 256
+if [ -n "$BG" ]; then
+    wait "$BG"
 fi
 DESC[default]="${V_DEFAULT[2]}"
 EPOCHS[default]="$DEFAULT_EPOCHS"
 
 echo "== fixtures"
-for v in default gated-noncausal rnn rnn-fillin full-noconf; do
+REGEN="bash scripts/speculators_interop/run.sh"
+[ "$VARIANTS" = "$ALL_VARIANTS" ] || REGEN="VARIANTS='$VARIANTS' $REGEN"
+for v in $VARIANTS; do
     "$PY" "$HERE/collect_fixture.py" copy --ckpt "ckpt/$v" --epochs "${EPOCHS[$v]}" \
         --fixture "$FIX/$v"
     # From the repo root, so the recorded verifier path assets/ref-target resolves.
@@ -124,7 +147,7 @@ for v in default gated-noncausal rnn rnn-fillin full-noconf; do
     "$PY" "$HERE/collect_fixture.py" provenance --ckpt "ckpt/$v" \
         --epochs "${EPOCHS[$v]}" --fixture "$FIX/$v" --variant "$v" \
         --description "${DESC[$v]}" --train-wall-s "$(cat "logs/wall_$v")" \
-        --data-recipe "$DATA_RECIPE"
+        --data-recipe "$DATA_RECIPE" --regenerate "$REGEN"
 done
 du -ab "$FIX" | sort -k2
 echo "== done in $((SECONDS - T0)) s; fixtures in $FIX"
