@@ -9,6 +9,7 @@ Writes, resumably (rerun the same command to continue after an interruption):
                                  and with --topk K: "topk_ids_<id>" [T, K] int32 and
                                  "topk_logp_<id>" [T, K] float32
   <out>/meta.json                target, prompts, taps, temperature, max_tokens, ... (checked on resume)
+  <out>/skipped.jsonl            prompts not answered: too long for the engine's max_model_len
   <out>/commands.txt             every gen-data command run on this folder, one per line (the
                                  trainer copies them into its training.json)
 
@@ -51,7 +52,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 TAPS_FIELDS = ("taps", "topk", "taps_dtype")  # the taps pass's part of meta.json
 PROMPT_FIELDS = ("prompts", "limit", "spread")
-COMMANDS_FILE = "commands.txt"  # which prompts (tests check drafts never saw an eval set)
+COMMANDS_FILE = "commands.txt"
+SKIPPED_FILE = "skipped.jsonl"  # prompts too long for the engine's max_model_len, with their lengths  # which prompts (tests check drafts never saw an eval set)
 
 
 def _check_meta(out: Path, meta: dict) -> None:
@@ -138,7 +140,7 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
     progress bar counts prompts over the whole set (its ETA is for the rest) and the tokens
     generated."""
     rows = _read_jsonl(out / "tokens.jsonl")
-    done = {r["id"] for r in rows}
+    done = {r["id"] for r in rows} | {r["id"] for r in _read_jsonl(out / SKIPPED_FILE)}
     todo = [p for p in prompts if p["id"] not in done]
     if not todo:
         return
@@ -156,30 +158,45 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
     with cpu_llm(target, **(engine_args or {})) as llm, open(out / "tokens.jsonl", "a") as f, bar:
         engine, queue, in_flight = llm.llm_engine, iter(todo), {}
         finished, written = {}, 0  # rows are written in prompt order (a stopped run holds a prefix)
+        limit = llm.llm_engine.model_config.max_model_len
+
+        def flush():  # every answer whose earlier prompts are all answered (or skipped)
+            nonlocal written, tokens
+            while written < len(todo) and todo[written]["id"] in finished:
+                got = finished.pop(todo[written]["id"])
+                if got is not None:  # None: skipped
+                    f.write(json.dumps({"id": todo[written]["id"], "prompt_ids": got[0], "output_ids": got[1]}) + "\n")
+                    tokens += len(got[1])
+                    bar.set_postfix(tokens=tokens, refresh=False)
+                written += 1
+                bar.update(1)
+            f.flush()
+
         while True:
             while len(in_flight) < batch:
                 p = next(queue, None)
                 if p is None:
                     break
+                prompt = render([p["prompt"]], tok)[0]
+                n = len(prompt["prompt_token_ids"] if isinstance(prompt, dict) else tok(prompt)["input_ids"])
+                if n >= limit:  # vLLM would refuse it and stop the whole run: skip it, on record
+                    finished[p["id"]] = None
+                    with open(out / SKIPPED_FILE, "a") as sk:
+                        sk.write(json.dumps({"id": p["id"], "prompt_tokens": n, "max_model_len": limit}) + "\n")
+                    print(f"gen-data: prompt {p['id']!r} has {n} tokens, not below max_model_len {limit}: "
+                          f"skipped (listed in {out / SKIPPED_FILE})", file=sys.stderr)
+                    continue
                 rid = f"gen-{p['id']}"
-                engine.add_request(rid, render([p["prompt"]], tok)[0], params)
+                engine.add_request(rid, prompt, params)
                 in_flight[rid] = p
+            flush()
             if not in_flight:
                 break
             for o in engine.step():
                 if o.finished:
                     p = in_flight.pop(o.request_id)
                     finished[p["id"]] = (list(o.prompt_token_ids), list(o.outputs[0].token_ids))
-            while written < len(todo) and todo[written]["id"] in finished:
-                pid = todo[written]["id"]
-                prompt_ids, output_ids = finished.pop(pid)
-                f.write(json.dumps({"id": pid, "prompt_ids": prompt_ids, "output_ids": output_ids}) + "\n")
-                written += 1
-                tokens += len(output_ids)
-                bar.set_postfix(tokens=tokens, refresh=False)
-                bar.update(1)
-            f.flush()
-
+            flush()
 
 def taps_device(device: str | None) -> str:
     """`--device`: as given, else cuda when torch sees one, else cpu."""
