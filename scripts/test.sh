@@ -1,7 +1,41 @@
 #!/usr/bin/env bash
-# Install (if needed) and run the test suite: unit, kernel (Triton interpreter) and vLLM end-to-end
-# tests on CPU. Extra arguments go to pytest (e.g. -m "not e2e" for the quick part).
+# Install (if needed) and run the test suite on CPU, by tier (markers in pyproject.toml):
+#
+#   quick  no engine: unit, kernel (Triton interpreter), training and config-level tests, the linter
+#   e2e    tests marked `e2e`: a real vLLM engine per guarantee (routing, each method's parity with
+#          its reference, losslessness, seeds, refused bad drafts, the CPU repairs, load, TP=2)
+#   full   tests marked `full` (also `e2e`): the bench grid, training of every method, the other
+#          lossless configs and variants, upstream-bug canaries, the network target
+#
+#   bash scripts/test.sh                # quick + e2e: `-m "not full"` (CI: .ci/run)
+#   bash scripts/test.sh --tier quick   # quick only: `-m "not e2e and not full"`
+#   bash scripts/test.sh --tier e2e     # e2e only: `-m "e2e and not full"`
+#   bash scripts/test.sh --tier full    # everything: quick, e2e and full
+#
+# SPECX_TEST_TIER=<tier> does what --tier does. Extra arguments go to pytest (e.g. -k lossless, or a
+# test file); a later `-m` replaces the tier's. Every run ends with the 25 slowest tests
+# (--durations=25). Selecting no test fails (pytest's exit code 5), as any other failure does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier="${SPECX_TEST_TIER:-ci}"
+if [ "${1:-}" = "--tier" ]; then
+  tier="${2:?--tier needs one of quick, e2e, ci, full}"
+  shift 2
+elif [[ "${1:-}" == --tier=* ]]; then
+  tier="${1#--tier=}"
+  shift
+fi
+case "$tier" in
+  quick) select=(-m "not e2e and not full") ;;
+  e2e) select=(-m "e2e and not full") ;;
+  ci | default) select=(-m "not full") ;;
+  full) select=() ;;
+  *) echo "scripts/test.sh: unknown tier '$tier' (quick, e2e, ci, full)" >&2; exit 2 ;;
+esac
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest -m "not slow" -q -p no:cacheprovider "$@"
+rc=0
+.venv/bin/python -m pytest "${select[@]}" -q -p no:cacheprovider --strict-markers --durations=25 "$@" || rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "scripts/test.sh: no test selected (tier $tier, arguments: $*)" >&2
+fi
+exit "$rc"

@@ -4,7 +4,8 @@ data made here (the target's greedy answers to training prompts); its BCE drops,
 constant predictor on held-out samples (the run's validation split, as the calibration report
 re-draws it), and the checkpoint keeps every other tensor bit for bit. Also: the flags that would
 train nothing are refused, `--unseen-by` drops the samples a draft was trained on, and the
-calibration report writes its files (and refuses evaluation data)."""
+calibration report writes its files (and refuses evaluation data). The tests of the training run
+are in the full tier (`full` marker); the refusals and `--unseen-by` in the quick tier."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def trained(data, tmp_path_factory):
     return trainer.train(trainer.parse_args(_argv(data, out))), out
 
 
+@pytest.mark.full  # a real training run (100 steps)
 def test_the_confidence_head_learns_and_beats_every_constant_on_held_out_samples(data, trained):
     record, out = trained
     first, last = record["log"][0], record["log"][-1]
@@ -102,6 +104,7 @@ def test_the_confidence_head_learns_and_beats_every_constant_on_held_out_samples
     assert m["accepted_length"]["correlation"] > 0.2, m["accepted_length"]
 
 
+@pytest.mark.full  # a real training run (100 steps)
 def test_train_only_confidence_keeps_every_other_tensor_bit_for_bit(trained):
     record, out = trained
     base, got = load_tensors(BASE), load_tensors(out)
@@ -161,6 +164,7 @@ def test_unseen_by_drops_the_samples_a_draft_was_trained_on(data, tmp_path):
     assert val + rest == order
 
 
+@pytest.mark.full  # a real training run (100 steps)
 def test_the_calibration_report_writes_its_files_and_refuses_eval_data(data, trained, tmp_path):
     _, out = trained
     cal = _calibration()

@@ -2,7 +2,9 @@
 greedy output stays the no-spec output while drafts are cut per request and whole passes are
 skipped; vLLM's own spec-decode counters count the verified drafts, ours the drafted ones; the
 confidence comes from the draft's head when it has one; bad settings are refused by name.
-The distribution test with adaptive drafting on is in `test_lossless.py`."""
+The distribution test with adaptive drafting on is in `test_lossless.py`. The no-spec reference is
+the session's (`nospec_tokens`, conftest.py). In the e2e tier: threshold mode and skipped passes;
+the cost-model mode, the deferred context (3 engines) and the confidence head are in the full tier."""
 
 import pytest
 from vllm import SamplingParams
@@ -23,9 +25,8 @@ def many_prompts():
 
 
 @pytest.fixture(scope="module")
-def nospec(many_prompts):
-    with T.cpu_llm(T.REF_TARGET) as llm:
-        return [o.outputs[0].token_ids for o in llm.generate(many_prompts, PARAMS, use_tqdm=False)]
+def nospec(nospec_tokens):  # the session's no-spec engine (same engine settings), sliced
+    return nospec_tokens(16, PARAMS.max_tokens)
 
 
 def _run(spec_extra, prompts, draft=DRAFT):
@@ -35,7 +36,7 @@ def _run(spec_extra, prompts, draft=DRAFT):
         return outs, T.spec_metrics(llm), llm.collective_rpc(worker_summary)[0]
 
 
-@pytest.mark.parametrize("mode", ["threshold", "cost-model"])
+@pytest.mark.parametrize("mode", ["threshold", pytest.param("cost-model", marks=pytest.mark.full)])
 def test_greedy_output_unchanged_while_drafts_are_cut(mode, many_prompts, nospec):
     extra = ({"adaptive": True, "adaptive_cost_model": False, "adaptive_threshold": 0.5}
              if mode == "threshold" else {"adaptive": True})
@@ -87,6 +88,7 @@ def _scheduled_run(spec, context, prompts):
         return outs, drafts, stats
 
 
+@pytest.mark.full
 def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, nospec):
     """Skipped passes queue their context K/V and the next draft pass writes them in one batch:
     every draft pass then drafts what it drafts when each skipped pass writes at once through
@@ -102,6 +104,7 @@ def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, nospec):
     assert same < 0.5 * len(eager[1]), (same, len(eager[1]))
 
 
+@pytest.mark.full
 def test_draft_with_a_confidence_head_uses_it(tmp_path, target, many_prompts, nospec):
     draft = random_draft(target, confidence_head="hidden+markov")
     path = write(draft, tmp_path / "conf")

@@ -1,6 +1,6 @@
 """The plugin's repairs of vLLM 0.32's CPU engine under its users' traffic, each against a real
 engine (with and without speculation), plus negative controls that show the engine dies without
-the repair (so they fail, and the repair can go, once upstream fixes the bug).
+the repair (so they fail, and the repair can go, once upstream fixes the bug; full tier).
 
 - `repair-cpu-seeded-*`: a seeded request whose prompt is prefilled in chunks. vLLM rewinds its
   generator after each discarded chunk sample with `set_offset`, which CPU generators refuse.
@@ -112,6 +112,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.full  # canaries for upstream fixes: the positive tests above keep the repairs in the e2e tier
 @pytest.mark.parametrize("case,env,error", [
     ("seeded", "VLLM_SPECX_REPAIR_CPU_SEEDED", "CPU Generator does not use offset"),
     ("topk", "VLLM_SPECX_REPAIR_CPU_EMPTY_TOPK", "Expected reduction dim to be specified for input.numel"),

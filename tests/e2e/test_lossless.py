@@ -14,13 +14,17 @@ SpecxRejectionSampler counts the acceptance op's completed calls per method actu
 it, so the block config must show block calls (and no token-wise ones), the token-wise configs
 the reverse, and every verification step of our proposers (DSpark, MTP) must be one of our
 op's calls.
+
+The e2e tier runs no-spec and five configs, one per verifier path: DSpark with block verification,
+adaptive DSpark with block verification, DSpark with a reduced draft vocabulary token-wise, MTP
+token-wise, and vLLM's n-gram with vLLM's sampler (the CPU expand repair on); the full tier adds the other four configs and the negative control.
 """
 
 import pytest
 import torch
 
 from .. import helpers as T
-from ..helpers import load_target, write, write_eagle3_head
+from ..helpers import load_target, write_eagle3_head
 from vllm_specx.adaptive.controller import worker_summary
 
 pytestmark = pytest.mark.e2e
@@ -85,6 +89,7 @@ def drafts(tmp_path_factory):
     root = tmp_path_factory.mktemp("lossless")
     target = load_target(T.REF_TARGET)
     return {"dspark": str(T.ASSETS / "drafts" / "ref-dspark"),
+            "dspark-reduced": T.reduced_ref_dspark(root / "dspark-reduced")[0],
             "mtp": str(T.ASSETS / "drafts" / "ref-mtp"),
             "eagle3": write_eagle3_head(target, root / "eagle3")}
 
@@ -112,6 +117,9 @@ CONFIGS = {
                                                        adaptive_cost_model=False, adaptive_threshold=0.5),
     "dspark-adaptive-block": lambda d: _dspark(d, draft_sample_method="probabilistic",
                                                rejection_sample_method="block", adaptive=True),
+    # a reduced draft vocabulary (1,024 of 4,096 tokens): q is zero outside it
+    "dspark-reduced-vocab": lambda d: {**_dspark(d, draft_sample_method="probabilistic"),
+                                       "model": d["dspark-reduced"]},
     "mtp-probabilistic": lambda d: {"method": "mtp", "model": d["mtp"], "num_speculative_tokens": 3,
                                     "draft_sample_method": "probabilistic"},
     "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
@@ -119,6 +127,14 @@ CONFIGS = {
     "eagle3-vllm-sampler": lambda d: {"method": "eagle3", "model": d["eagle3"], "num_speculative_tokens": 3,
                                       "draft_sample_method": "probabilistic"},
 }
+
+
+FULL = {"dspark-greedy-drafts", "dspark-probabilistic", "dspark-adaptive-probabilistic", "eagle3-vllm-sampler"}
+
+
+def _tiered(names):
+    """`names` as parameters, those of configs in `FULL` marked for the full tier."""
+    return [pytest.param(n, marks=pytest.mark.full) if n in FULL else n for n in names]
 
 
 _RUNS: dict[str, dict] = {}  # one engine per config, shared by the tests below
@@ -133,7 +149,7 @@ def run(drafts, monkeypatch):
     return get
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", _tiered(CONFIGS))
 def test_spec_decode_matches_nospec_distribution(name, nospec, run):
     got = run(name)
     for setting in SETTINGS:
@@ -150,7 +166,7 @@ def _op_calls(got: dict, name: str) -> dict:
     return v
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if "adaptive" in n])
+@pytest.mark.parametrize("name", _tiered(n for n in CONFIGS if "adaptive" in n))
 def test_adaptive_configs_really_cut(name, run):
     """The distribution test above holds while drafts are cut: fewer verified than drafted, and
     requests verified different numbers of drafts."""
@@ -166,15 +182,15 @@ def test_block_verification_runs_when_configured(run):
     assert v["op_calls"].get("token", 0) == 0, v
 
 
-@pytest.mark.parametrize("name", ["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic",
-                                  "dspark-adaptive-probabilistic"])
+@pytest.mark.parametrize("name", _tiered(["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic",
+                                          "dspark-adaptive-probabilistic", "dspark-reduced-vocab"]))
 def test_token_wise_verification_runs_for_standard(name, run):
     v = _op_calls(run(name), name)
     assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v
     assert v["op_calls"].get("block", 0) == 0, v
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", _tiered(OURS))
 def test_every_verification_step_of_our_proposers_is_our_op(name, run):
     """Not just the class name: each forward of the sampler with drafts to verify completed one
     call of our op (a step without any draft is plain sampling, counted as `empty_calls`)."""
@@ -183,13 +199,14 @@ def test_every_verification_step_of_our_proposers_is_our_op(name, run):
     assert sum(v["op_calls"].values()) > 0, v
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in OURS])
+@pytest.mark.parametrize("name", _tiered(n for n in CONFIGS if n not in OURS))
 def test_vllm_methods_keep_vllms_sampler(name, run):
     """The counters tell the samplers apart: vLLM's own methods are verified by vLLM's sampler."""
     v = run(name)["verifier"]
     assert v and v["class"] == "RejectionSampler" and not v["op_calls"], v
 
 
+@pytest.mark.full  # a canary for an upstream fix; the repair's own test is tests/test_cpu_expand_repair.py
 def test_vllm_cpu_sampler_without_the_repair_is_not_lossless(drafts, nospec, monkeypatch):
     got = _sample(CONFIGS["ngram-vllm-sampler"](drafts), monkeypatch, repair="0")
     assert _min_p_value(nospec["t1"], got["t1"]) < 1e-12

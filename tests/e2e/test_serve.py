@@ -45,19 +45,15 @@ def test_serve_completions_and_spec_decode_metrics(server):
     assert "DSparkProposer active" in log.read_text()  # logged by our proposer in the worker
 
 
-def test_serve_runs_our_mtp_proposer(tmp_path):
+def test_serve_runs_our_mtp_proposer(tmp_path, nospec_tokens):
     """`vllm serve <ref target> --speculative-config '{"method": "mtp", "model": <committed MTP>}'`:
-    our MTPProposer runs in the worker, vLLM counts its drafts, and greedy text equals the same
-    server's answer without speculation (the DSpark server above is another engine; here the
-    no-spec reference is the offline engine)."""
-    from vllm import SamplingParams
-
-    from ..helpers import ASSETS, cpu_llm
+    our MTPProposer runs in the worker, vLLM counts its drafts, and the greedy tokens equal those
+    without speculation (the session's no-spec engine, `nospec_tokens` of conftest.py: the engine
+    settings of this server; the DSpark server above is another engine)."""
+    from ..helpers import ASSETS
 
     prompts = load_prompts("code", limit=2)
-    with cpu_llm(REF_TARGET) as llm:
-        want = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32,
-                                                                                  ignore_eos=True))]
+    want = nospec_tokens(2, 32)
     log = tmp_path / "serve.log"
     args = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
             "--gpu-memory-utilization", "0.2", "--served-model-name", "ref",
@@ -65,9 +61,9 @@ def test_serve_runs_our_mtp_proposer(tmp_path):
                                                 "num_speculative_tokens": 7})]
     with vllm_serve(REF_TARGET, args, log) as base:
         res = _post(base + "/v1/completions", {"model": "ref", "prompt": prompts, "max_tokens": 32,
-                                               "temperature": 0, "ignore_eos": True})
+                                               "temperature": 0, "ignore_eos": True, "return_token_ids": True})
         metrics = _get(base + "/metrics")
-    got = [c["text"] for c in sorted(res["choices"], key=lambda c: c["index"])]
+    got = [c["token_ids"] for c in sorted(res["choices"], key=lambda c: c["index"])]
     assert got == want
     drafts = _counter(metrics, "vllm:spec_decode_num_drafts_total")
     assert drafts > 0 and _counter(metrics, "vllm:spec_decode_num_accepted_tokens_total") > drafts / 2  # tau > 1.5

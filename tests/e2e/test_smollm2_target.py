@@ -17,7 +17,7 @@ from vllm_specx.bench import render
 from .. import helpers as T
 from .serving import get, post, vllm_serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.network]
+pytestmark = [pytest.mark.e2e, pytest.mark.network, pytest.mark.full]
 N = 32
 
 

@@ -6,7 +6,9 @@ default checkpoint gets drafts accepted (vLLM's own spec-decode counters).
 Three variants cover what vLLM runs differently: `default` (sliding-window layers, causal inside
 the block, confidence head, anchor layout: a full block of 8 drafts), `gated-noncausal`
 (bidirectional, gated head) and `rnn-fillin` (recurrent head in the fill-in layout, which also
-reads the anchor slot's state).
+reads the anchor slot's state). `reduced-vocab` adds a draft vocabulary speculators' trainer built
+(`--draft-vocab-size 256`): vLLM drafts target ids through the checkpoint's `d2t`. The e2e tier
+runs `default`, the full tier all four.
 """
 
 import pytest
@@ -21,7 +23,9 @@ from .conftest import GREEDY  # target, prompts, nospec_outputs: fixtures of con
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("variant", ["default", "gated-noncausal", "rnn-fillin"])
+@pytest.mark.parametrize("variant", ["default", pytest.param("gated-noncausal", marks=pytest.mark.full),
+                                     pytest.param("rnn-fillin", marks=pytest.mark.full),
+                                     pytest.param("reduced-vocab", marks=pytest.mark.full)])
 def test_speculators_checkpoint_drafts_equal_reference_in_vllm(target, prompts, nospec_outputs, variant):
     path = FIXTURES / variant
     draft = load_draft(path, *embed_and_head(target))

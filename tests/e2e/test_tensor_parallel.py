@@ -29,7 +29,7 @@ def _run(spec, tp, monkeypatch):
     return [list(o.outputs[0].token_ids) for o in outs], drafters, metrics
 
 
-@pytest.mark.parametrize("method", list(SPECS))
+@pytest.mark.parametrize("method", ["dspark", pytest.param("mtp", marks=pytest.mark.full)])
 def test_tp2_equals_tp1(method, monkeypatch):
     spec, proposer = SPECS[method]
     want, _, m1 = _run(spec, 1, monkeypatch)
