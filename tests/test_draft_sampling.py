@@ -20,6 +20,9 @@ class _Model:
     def compute_logits(self, hidden):
         return hidden @ self.head
 
+    draft_logits = compute_logits  # the full vocabulary: draft ids are target ids
+    draft_target_ids = None
+
     def markov_bias(self, prev):
         return self.markov[prev.long()]
 
@@ -33,7 +36,8 @@ class _Model:
 def _proposer(anchors):
     return SimpleNamespace(num_speculative_tokens=N, _rows=N, model=_Model(), _enable_probabilistic_draft_probs=True,
                            stats={"propose_calls": 0, "probabilistic_calls": 0},
-                           _anchor_ids=torch.tensor(anchors), use_fp64_gumbel=False)
+                           _anchor_ids=torch.tensor(anchors), use_fp64_gumbel=False,
+                           _vocab_map=lambda: (None, V))
 
 
 def _meta(temperature, generators):
