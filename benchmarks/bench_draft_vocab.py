@@ -134,7 +134,8 @@ def main() -> None:
                     times[k][name].append(x)
     for k in drafts:
         rows[k].update({name: statistics.median(x) * 1000 for name, x in times[k].items()})
-    result = {"target": args.target, "data": str(args.data), "data_responses": len(responses),
+    data = str(Path(args.data).expanduser())
+    result = {"target": args.target, "data": data.replace(str(Path.home()), "~", 1),  # no machine path "data_responses": len(responses),
               "heldout_tokens": int(held.numel()), "torch_threads": torch.get_num_threads(),
               "sizes": {str(k): rows[k] for k in sorted(rows, reverse=True)}}
     out = Path(args.out)
