@@ -64,6 +64,24 @@ def reduced_ref_dspark(path, size: int = 1024) -> tuple[str, list[int]]:
     return write(reduced(full, ids), path), ids.tolist()
 
 
+def reduced_ref_mtp(path, size: int = 1024) -> tuple[str, list[int]]:
+    """The committed reference MTP layer (`assets/drafts/ref-mtp`) cut to the same reduced draft
+    vocabulary as `reduced_ref_dspark` (`methods.mtp.model.reduced`); (path, ids)."""
+    from transformers import AutoTokenizer
+
+    from vllm_specx import vocab
+    from vllm_specx.methods.mtp import checkpoint as mtp_ckpt
+    from vllm_specx.methods.mtp.model import reduced as reduced_mtp
+
+    target = load_target(REF_TARGET)
+    tok = AutoTokenizer.from_pretrained(str(REF_TARGET))
+    ids, _ = vocab.by_frequency((tok(p)["input_ids"] for p in load_prompts("train")), size,
+                                target.config.vocab_size)
+    full = mtp_ckpt.load(ASSETS / "drafts" / "ref-mtp", *embed_and_head(target))
+    mtp_ckpt.save(reduced_mtp(full, ids), path)
+    return str(path), ids.tolist()
+
+
 def write(draft: DSparkDraft, path, fmt="specx") -> str:
     save(draft, path, fmt, **({"verifier": str(REF_TARGET)} if fmt == "speculators" else {}))
     return str(path)
@@ -266,15 +284,17 @@ def read_proposals(worker) -> list:
     return list(getattr(worker.model_runner.drafter, "_specx_proposals", []))
 
 
-def random_mtp(target, kv_share: bool, seed=0, max_drafts=7):
+def random_mtp(target, kv_share: bool, seed=0, max_drafts=7, draft_vocab=None):
     """A random-init MTP layer for the reference target (norm weights away from 1, so a norm
-    applied in the wrong place shows)."""
+    applied in the wrong place shows); `draft_vocab` (target ids): a reduced draft vocabulary
+    (the same layer weights for the same seed, lm_head = the target's rows at those ids)."""
     from vllm_specx.methods.mtp.config import MTPDraftConfig
     from vllm_specx.methods.mtp.model import MTPDraft
 
-    cfg = MTPDraftConfig.for_target(target.config.to_dict(), kv_share=kv_share, max_drafts=max_drafts)
+    cfg = MTPDraftConfig.for_target(target.config.to_dict(), kv_share=kv_share, max_drafts=max_drafts,
+                                    draft_vocab_size=0 if draft_vocab is None else len(draft_vocab))
     torch.manual_seed(seed)
-    draft = MTPDraft(cfg, *embed_and_head(target))
+    draft = MTPDraft(cfg, *embed_and_head(target), draft_vocab)
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.05)

@@ -55,3 +55,37 @@ def test_adaptive_providers_and_repeats():
     merged = bench.merge_repeats(rows)
     assert len(merged) == 1 and merged[0]["tokens_per_s"] == 20.0 and merged[0]["tau"] == 2.5
     assert merged[0]["tokens_per_s_runs"] == [10.0, 30.0, 20.0]
+
+
+def test_learning_curve_providers_are_trainer_flag_sets():
+    """Every provider of `benchmarks/bench_learning_curve.py`, with the common budget, parses as a
+    `vllm-specx train` command line of its method (a renamed or removed flag fails here)."""
+    import argparse
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from vllm_specx.training import trainer
+
+    spec = importlib.util.spec_from_file_location("bench_learning_curve", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_learning_curve.py")
+    lc = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_learning_curve", lc)
+    spec.loader.exec_module(lc)
+    args = argparse.Namespace(steps=10, batch=2, seq_len=64, anchors=4, lr=1e-3, val_samples=4, seed=0, k=7,
+                              target="smollm2", data="d", eval_data=["e1", "e2"], draft_vocab=None)
+    methods = set()
+    for name in lc.PROVIDERS:
+        argv = lc.command(args, name, 100, "out")[2:]  # after `vllm-specx train`
+        parsed = trainer.parse_args(argv)
+        assert parsed.train_samples == 100 and parsed.eval_data == ["e1", "e2"] and parsed.eval_drafts == 7
+        assert parsed.steps == 10 and parsed.batch == 2 and parsed.anchors == 4  # the same budget for all
+        methods.add(parsed.method)
+    assert methods == {"dspark", "mtp", "eagle3"}
+
+
+def test_suffix_provider_is_vllms_suffix_method():
+    p = bench.parse_provider("suffix")
+    assert p.label == "suffix" and p.model is None
+    assert p.spec(7) == {"method": "suffix", "num_speculative_tokens": 7}
+    # no draft distribution: the draft_sample_method switch leaves it alone
+    assert bench.with_draft_sample_method([p], "probabilistic")[0].spec(7) == p.spec(7)

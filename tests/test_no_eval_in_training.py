@@ -165,3 +165,12 @@ def test_gen_data_refuses_an_evaluation_set():
     with pytest.raises(ValueError, match="--prompts humaneval: an evaluation set"):
         read_prompts("humaneval")
     assert len(read_prompts("chat-train", limit=3)) == 3
+
+
+def test_evaluation_data_is_for_measuring_only():
+    """`gen-data --for-eval` may read an evaluation set (its data is marked "purpose":
+    "evaluation"); the trainer refuses such data as --data (tests/test_training.py)."""
+    from vllm_specx.training.data import EVALUATION, read_prompts
+
+    assert len(read_prompts("humaneval", limit=2, evaluation=True)) == 2
+    assert EVALUATION == "evaluation"

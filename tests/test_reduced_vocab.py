@@ -215,3 +215,98 @@ def test_to_draft_vocab_ignores_positions_with_no_target_token_inside():
                               torch.tensor([[[1, 4], [4, 5]]]), torch.tensor([[[-0.1, -3.0], [-0.2, -2.0]]])), t2d)
     assert out.targets.tolist() == [[0, IGNORE]]
     assert torch.isfinite(cross_entropy(out, torch.ones(2))) and torch.isfinite(total_variation(out, torch.ones(2)))
+
+
+# ---- MTP with a reduced draft vocabulary ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mtp_pair(target):
+    """(full MTP layer, the same layer with the draft vocabulary IDS)."""
+    from .helpers import random_mtp
+
+    return random_mtp(target, kv_share=True), random_mtp(target, kv_share=True, draft_vocab=IDS)
+
+
+def test_reduced_mtp_is_the_full_layer_masked_to_the_vocabulary(target, mtp_pair):
+    """Per-step logits are the full layer's at IDS (fed the same step tokens), and the greedy
+    chain is the full layer's chain with every other token's logit at -inf: picks mapped back to
+    target ids before they are the next step's input."""
+    from .helpers import target_final_hidden
+
+    full, small = mtp_pair
+    assert small.cfg.reduced_vocab and small.lm_head.shape == (len(IDS), 256)
+    seq = [5, 17, 300, 41, 8, 99, 1000, 7]
+    hidden, ids = target_final_hidden(target, seq[:-1]), torch.tensor(seq)
+    fed = [int(IDS[i]) for i in (3, 100, 7, 500, 9)]
+    got = small.draft_logits(hidden, ids, 6, drafts=fed)
+    want = full.draft_logits(hidden, ids, 6, drafts=fed)
+    assert got.shape == (6, len(IDS)) and torch.allclose(got, want[:, IDS], atol=1e-5)
+    # the greedy chain: the full layer's with logits masked to IDS
+    chain, toks = [], []
+    for j in range(6):
+        z = full.draft_logits(hidden, ids, j + 1, drafts=toks or None)[j]
+        toks.append(int(_masked(z).argmax()))
+        chain.append(toks[-1])
+    assert small.greedy_drafts(hidden, ids, 6) == chain and set(chain) <= set(IDS.tolist())
+    assert not set(full.greedy_drafts(hidden, ids, 6)) <= set(IDS.tolist())  # negative control
+
+
+def test_reduced_mtp_checkpoint_round_trip_and_refusals(tmp_path, target, mtp_pair):
+    from vllm_specx.methods.mtp.checkpoint import load, save
+
+    _, small = mtp_pair
+    save(small, tmp_path / "m")
+    t = load_file(f"{tmp_path}/m/model.safetensors")
+    assert t["d2t"].dtype == torch.int64 and t["t2d"].dtype == torch.bool and t["lm_head.weight"].shape == (len(IDS), 256)
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["specx"]["draft_vocab_size"] == len(IDS)
+    back = load(tmp_path / "m", *embed_and_head(target))
+    for k, v in small.specx_state_dict().items():
+        assert torch.equal(back.specx_state_dict()[k], v), k
+    _check(str(tmp_path / "m"))  # negative control: the unbroken draft passes
+    del t["t2d"]  # optional on disk
+    save_file(t, f"{tmp_path}/m/model.safetensors")
+    _check(str(tmp_path / "m"))
+    assert torch.equal(load(tmp_path / "m", *embed_and_head(target)).t2d, small.t2d)
+    t["d2t"][-1] = 10_000
+    save_file(t, f"{tmp_path}/m/model.safetensors")
+    with pytest.raises(ValueError, match=r"tensor 'd2t' maps draft id 818 to target id"):
+        _check(str(tmp_path / "m"))
+
+
+# ---- the EAGLE-3 baseline with a reduced draft vocabulary (vLLM's llama_eagle3 reads d2t) -------
+
+def test_reduced_eagle3_is_the_full_draft_masked_and_its_checkpoint_is_checked(tmp_path, target):
+    from vllm_specx.methods.eagle3.checkpoint import check_vllm_draft, load, save
+    from vllm_specx.methods.eagle3.config import Eagle3Config
+    from vllm_specx.methods.eagle3.model import Eagle3Draft
+
+    tc = target.config.to_dict()
+    torch.manual_seed(0)
+    full = Eagle3Draft(Eagle3Config.for_target(tc, (1, 4, 6)), *embed_and_head(target))
+    small = Eagle3Draft(Eagle3Config.for_target(tc, (1, 4, 6), len(IDS)), *embed_and_head(target), IDS)
+    for p in full.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    small.load_state_dict(full.state_dict(), strict=False)
+    seq = torch.tensor([5, 17, 300, 41, 8, 99, 1000, 7])
+    taps = target_taps(target, seq[None, :-1], (1, 4, 6))[0]
+    chain = []
+    for j in range(5):  # the full draft's greedy chain with logits masked to IDS (teacher-forced on it)
+        ids = torch.cat([seq, torch.tensor(chain + [0] * (5 - j), dtype=torch.long)])  # [13]
+        z = full.chain_logits(torch.nn.functional.pad(taps, (0, 0, 0, 6))[None], ids[None],
+                              torch.tensor([[7]]), j + 1, "target")[0, 0, j]
+        chain.append(int(_masked(z).argmax()))
+    assert small.greedy_drafts(taps, seq, 5) == chain and set(chain) <= set(IDS.tolist())
+    assert not set(full.greedy_drafts(taps, seq, 5)) <= set(IDS.tolist())  # negative control
+    save(small, tmp_path / "e")
+    t = load_file(f"{tmp_path}/e/model.safetensors")
+    assert t["d2t"].dtype == torch.int64 and t["lm_head.weight"].shape == (len(IDS), 256)
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == len(IDS) and cfg["vocab_size"] == V  # what vLLM reads
+    back = load(tmp_path / "e", *embed_and_head(target))
+    assert back.greedy_drafts(taps, seq, 5) == chain
+    dims = {"hidden_size": 256, "num_hidden_layers": 8, "vocab_size": V}
+    check_vllm_draft(tmp_path / "e", dims, 5)  # negative control: the unbroken draft passes
+    t["d2t"][0] = -5
+    save_file(t, f"{tmp_path}/e/model.safetensors")
+    with pytest.raises(ValueError, match=r"tensor 'd2t' maps draft id 0 to target id -5"):
+        check_vllm_draft(tmp_path / "e", dims, 5)

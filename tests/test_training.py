@@ -167,27 +167,35 @@ def test_dspark_own_chain_tokens_are_the_teacher_forced_chain_on_its_own_drafts(
     assert not torch.allclose(dspark_train.forward(draft, b).logits[0, 0], own)  # negative control
 
 
-def test_dspark_trains_with_a_reduced_draft_vocabulary(tmp_path):
-    """`--draft-vocab N`: the N tokens most frequent in the data's responses, the mask token
-    excluded; the loss falls, the checkpoint carries lm_head rows and maps, loads back, and passes
-    the start-up checks against the target."""
+@pytest.mark.parametrize("method", ["dspark", "mtp", "eagle3"])
+def test_trains_with_a_reduced_draft_vocabulary(tmp_path, method):
+    """`--draft-vocab N`: the N tokens most frequent in the data's responses (DSpark: the mask
+    token excluded); the loss falls, the checkpoint carries lm_head rows and maps, loads back, and
+    passes the start-up checks against the target."""
     from collections import Counter
 
     from vllm_specx import registry, vocab
     from vllm_specx.methods.dspark.checkpoint import load_draft
+    from vllm_specx.methods.mtp.checkpoint import load as load_mtp
     from vllm_specx.training import trainer
     from vllm_specx.training.data import response_ids
     from vllm_specx.training.taps import embed_and_head
 
     data = _data(tmp_path)
-    rec = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "d", "--loss", "tv",
-                                                       "--mask-token-id", "2", "--draft-vocab", "600")))
+    extra = ["--loss", "tv", "--draft-vocab", "600"] + (["--mask-token-id", "2"] if method == "dspark" else [])
+    rec = trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "d", *extra)))
     assert rec["log"][-1]["val_loss"] < rec["log"][0]["val_loss"]
-    draft = load_draft(tmp_path / "d", *embed_and_head(load_target(REF_TARGET)))
+    from vllm_specx.methods.eagle3.checkpoint import check_vllm_draft, load as load_eagle3
+
+    load = {"dspark": load_draft, "mtp": load_mtp, "eagle3": load_eagle3}[method]
+    draft = load(tmp_path / "d", *embed_and_head(load_target(REF_TARGET)))
     assert draft.cfg.draft_vocab_size == 600 and draft.lm_head.shape == (600, 256)
-    counts = Counter(t for r in response_ids(data) for t in r)
+    counts = Counter(t for r in response_ids(data) for t in r if not (method == "dspark" and t == 2))
     got = vocab.target_ids(draft.d2t).tolist()
     assert 2 not in got and min(counts[t] for t in got) >= max(c for t, c in counts.items() if t not in got)
+    if method == "eagle3":  # vLLM's built-in eagle3 serves it; vllm-specx checks it first
+        check_vllm_draft(tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8, "vocab_size": 4096}, 7)
+        return
     method, cfg = registry.read_checkpoint(tmp_path / "d")
     registry.check_draft(method, cfg, tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8,
                                                        "vocab_size": 4096}, 8)
@@ -209,3 +217,32 @@ def test_dspark_mask_token_default_for_a_tokenizer_without_one(tmp_path, special
         {w: i for i, w in enumerate(words)}, unk_token="<u>")), **specials)
     tok.save_pretrained(tmp_path)
     assert default_mask_token(str(tmp_path), 10) == want
+
+
+def test_train_samples_and_eval_data(tmp_path):
+    """`--train-samples N` trains on the first N of the shuffled training split (same validation
+    samples); `--eval-data` records tau on a `gen-data --for-eval` folder, which `--data` refuses."""
+    from vllm_specx.training import trainer
+
+    data = _data(tmp_path)
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    rows = [json.loads(line) for line in (data / "tokens.jsonl").read_text().splitlines()][:6]
+    (ev / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = {**json.loads((data / "meta.json").read_text()), "purpose": "evaluation"}
+    (ev / "meta.json").write_text(json.dumps(meta))
+    write_taps(str(REF_TARGET), ev, (1, 4, 7), shard=8, topk=8)
+    small = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "a", "--mask-token-id", "2",
+                                                         "--train-samples", "5", "--eval-data", str(ev),
+                                                         "--eval-drafts", "3")))
+    full = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "b", "--mask-token-id", "2")))
+    assert small["train_samples"] == 5 and full["train_samples"] == 20
+    assert small["val_prompt_ids"] == full["val_prompt_ids"]
+    got = small["eval"]["ev"]
+    assert got["samples"] == 6 and got["blocks"] > 0 and 1.0 <= got["tau_greedy"] <= 4.0
+    assert len(got["val_acc_per_pos"]) == 3 and got["prompts"] is None  # --eval-drafts 3 of 8
+    with pytest.raises(SystemExit, match="--for-eval"):
+        trainer.train(trainer.parse_args(_train_argv("dspark", ev, tmp_path / "c", "--mask-token-id", "2")))
+    with pytest.raises(SystemExit, match="--train-samples 99"):
+        trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "c", "--mask-token-id", "2",
+                                                     "--train-samples", "99")))

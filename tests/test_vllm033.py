@@ -126,3 +126,39 @@ def test_a_short_draft_keeps_the_v1_runners_drafting_limit(draft, tmp_path):
     assert spec.draft_model_config.max_model_len == 256
     raised = 512 if _vllm_minor() >= (0, 33) else 256
     assert spec.draft_model_config.hf_config.max_position_embeddings == raised
+
+
+def test_gen_data_engine_args_reach_vllms_engine_config():
+    """`gen-data --engine-args` (any EngineArgs field over vllm-specx's CPU defaults) is what vLLM's
+    engine config receives, on each supported vLLM (0.33 by scripts/check_vllm033.sh); a field
+    the installed vLLM does not have is refused by name."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_specx.engine import CPU_ENGINE_ARGS, engine_args
+
+    args = engine_args({"dtype": "bfloat16", "max_model_len": 256, "gpu_memory_utilization": 0.25,
+                        "max_num_seqs": 7})
+    assert args["enforce_eager"] == CPU_ENGINE_ARGS["enforce_eager"]  # the defaults stay under
+    cfg = EngineArgs(model=str(REF_TARGET), **args).create_engine_config()
+    assert cfg.model_config.dtype == torch.bfloat16 and cfg.model_config.max_model_len == 256
+    assert cfg.cache_config.gpu_memory_utilization == 0.25 and cfg.scheduler_config.max_num_seqs == 7
+    assert engine_args({"tensor_parallel_size": 2})["tensor_parallel_size"] == 2  # passed through as given
+    with pytest.raises(ValueError, match=r"\['not_an_engine_arg'\] are not fields of this vLLM's EngineArgs"):
+        engine_args({"not_an_engine_arg": 1})
+
+
+def test_gen_data_refuses_bad_device_and_engine_args_before_any_work(tmp_path, capsys):
+    import torch
+
+    from vllm_specx.training.data import main
+
+    base = ["--target", str(REF_TARGET), "--prompts", "train", "--limit", "2", "--out", str(tmp_path / "d")]
+    with pytest.raises(SystemExit):
+        main(base + ["--engine-args", '{"max_num_seqz": 4}'])
+    assert "--engine-args: engine argument(s) ['max_num_seqz']" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(base + ["--device", "cuda", "--taps", "1"])
+        assert "--device cuda: this torch build sees no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "tokens.jsonl").exists()

@@ -6,7 +6,8 @@ and batch size (`max_num_seqs`), at K and over a sweep of K.
     vllm-specx bench --target smollm2 --prompts humaneval --out benchmarks/results/e2e-smollm2-humaneval
     vllm-specx bench --target ref --prompts code --draft DRAFT_DIR --out runs/bench
 
-Providers (plot lines) are `no-spec`, `ngram` (vLLM's prompt-lookup drafter), `eagle3=DIR`
+Providers (plot lines) are `no-spec`, `ngram` (vLLM's prompt-lookup drafter), `suffix` (vLLM's
+suffix decoding; skipped, saying so, when arctic-inference is not installed), `eagle3=DIR`
 (vLLM's built-in EAGLE-3 with that head) and `DIR` or `LABEL=DIR` for a draft of any registered
 vllm-specx method (its method read from the checkpoint). Every provider runs the same prompts
 (rendered once: chat sets through the target's chat template) with the same engine settings in one
@@ -38,6 +39,15 @@ from vllm_specx.eval import generate_measured
 
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 VLLM_DRAFTERS = ("eagle3",)  # vLLM built-in methods taking a draft dir: `--method eagle3=DIR`
+MODEL_FREE = ("no-spec", "ngram", "suffix")  # providers without a draft model
+
+
+def suffix_available() -> bool:
+    """vLLM's `suffix` method needs the arctic-inference package (it builds from its sdist on CPU
+    with cmake and nanobind; see docs/reproduce.md)."""
+    import importlib.util
+
+    return importlib.util.find_spec("arctic_inference") is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +65,8 @@ class Provider:
             return None
         if self.method == "ngram":
             return {"method": "ngram", "num_speculative_tokens": k, **NGRAM}
+        if self.method == "suffix":  # vLLM's suffix decoding (arctic-inference), its defaults
+            return {"method": "suffix", "num_speculative_tokens": k}
         spec = {"method": self.method, "model": self.model, "num_speculative_tokens": k}
         if self.draft_sample_method != "greedy":
             spec["draft_sample_method"] = self.draft_sample_method
@@ -86,8 +98,8 @@ def parse_provider(text: str) -> Provider:
     `LABEL=DIR` (a vllm-specx draft); a draft-model provider may end in `@probabilistic` or
     `@greedy` (its draft_sample_method), a vllm-specx draft directory in `+adaptive`
     (confidence-scheduled drafting)."""
-    if text in ("no-spec", "ngram"):
-        return Provider(text, None if text == "no-spec" else "ngram")
+    if text in MODEL_FREE:
+        return Provider(text, None if text == "no-spec" else text)
     spec, sample = split_sample_method(text)
     label, _, path = spec.rpartition("=")
     extra = {"draft_sample_method": sample} if sample else {}
@@ -119,7 +131,7 @@ def check_providers(providers: list[Provider], target_config, ks: list[int]) -> 
     vLLM's config step runs), so a bad pairing fails at once, naming the draft and K."""
     dims = registry.target_dims(target_config.get_text_config())
     for p in providers:
-        if p.method is None or p.method == "ngram" or p.method in VLLM_DRAFTERS:
+        if p.method is None or p.method in MODEL_FREE or p.method in VLLM_DRAFTERS:
             continue
         method, cfg = registry.read_checkpoint(p.model)
         for k in ks:
@@ -386,7 +398,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a run at batch size b uses the first N*b prompts (default: all --limit prompts)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--method", dest="methods", action="append", default=None,
-                    help="a provider, repeatable: no-spec, ngram, eagle3=DIR, DIR or LABEL=DIR "
+                    help="a provider, repeatable: no-spec, ngram, suffix, eagle3=DIR, DIR or LABEL=DIR "
                          "(a vllm-specx draft), a draft-model provider optionally ending in "
                          "@probabilistic or @greedy (its own draft_sample_method). Default: no-spec "
                          "and ngram, plus every --draft")
@@ -437,6 +449,10 @@ def main(argv: list[str]) -> Path:
         raise ValueError(f"--temperatures must be >= 0, got {args.temperatures!r}")
     texts = (args.methods or ["no-spec", "ngram"]) + args.draft
     providers = [parse_provider(m) for m in texts]
+    if any(p.method == "suffix" for p in providers) and not suffix_available():
+        print("bench: skipping provider 'suffix': vLLM's suffix decoding needs arctic-inference, which is "
+              "not installed (docs/reproduce.md says how to build it on CPU)", flush=True)
+        providers = [p for p in providers if p.method != "suffix"]
     if len({p.label for p in providers}) != len(providers):
         raise ValueError(f"two providers share a label: {[p.label for p in providers]} (use LABEL=DIR)")
     own = {p.label for p, t in zip(providers, texts) if split_sample_method(t)[1]}

@@ -11,8 +11,25 @@ import gc
 import os
 from pathlib import Path
 
+VLLM_INTERNALS = ("vllm.engine.arg_utils:EngineArgs",)  # its fields are the engine arguments checked
 CPU_ENGINE_ARGS = dict(dtype="float32", max_model_len=1024, enforce_eager=True,
                        gpu_memory_utilization=0.2, disable_log_stats=False, seed=0)
+
+
+def engine_args(overrides: dict | None = None) -> dict:
+    """`CPU_ENGINE_ARGS` with `overrides` (any `vllm.engine.arg_utils.EngineArgs` field: dtype,
+    tensor_parallel_size, gpu_memory_utilization, max_model_len, ...) over them. ValueError
+    naming the field when the installed vLLM has no such engine argument."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    unknown = sorted(set(overrides or {}) - known)
+    if unknown:
+        raise ValueError(f"engine argument(s) {unknown} are not fields of this vLLM's EngineArgs "
+                         f"(vllm {__import__('vllm').__version__})")
+    return {**CPU_ENGINE_ARGS, **(overrides or {})}
 
 
 @contextlib.contextmanager

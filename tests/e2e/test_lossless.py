@@ -17,7 +17,8 @@ op's calls.
 
 The e2e tier runs no-spec and five configs, one per verifier path: DSpark with block verification,
 adaptive DSpark with block verification, DSpark with a reduced draft vocabulary token-wise, MTP
-token-wise, and vLLM's n-gram with vLLM's sampler (the CPU expand repair on); the full tier adds the other four configs and the negative control.
+with a reduced draft vocabulary token-wise, and vLLM's n-gram with vLLM's sampler (the CPU expand
+repair on); the full tier adds the other five configs and the negative control.
 """
 
 import pytest
@@ -91,6 +92,7 @@ def drafts(tmp_path_factory):
     return {"dspark": str(T.ASSETS / "drafts" / "ref-dspark"),
             "dspark-reduced": T.reduced_ref_dspark(root / "dspark-reduced")[0],
             "mtp": str(T.ASSETS / "drafts" / "ref-mtp"),
+            "mtp-reduced": T.reduced_ref_mtp(root / "mtp-reduced")[0],
             "eagle3": write_eagle3_head(target, root / "eagle3")}
 
 
@@ -122,6 +124,8 @@ CONFIGS = {
                                        "model": d["dspark-reduced"]},
     "mtp-probabilistic": lambda d: {"method": "mtp", "model": d["mtp"], "num_speculative_tokens": 3,
                                     "draft_sample_method": "probabilistic"},
+    "mtp-reduced-vocab": lambda d: {"method": "mtp", "model": d["mtp-reduced"], "num_speculative_tokens": 3,
+                                    "draft_sample_method": "probabilistic"},
     "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     "eagle3-vllm-sampler": lambda d: {"method": "eagle3", "model": d["eagle3"], "num_speculative_tokens": 3,
@@ -129,7 +133,10 @@ CONFIGS = {
 }
 
 
-FULL = {"dspark-greedy-drafts", "dspark-probabilistic", "dspark-adaptive-probabilistic", "eagle3-vllm-sampler"}
+# CI (e2e) keeps one config per guarantee; MTP's proposer path is the same with and without a
+# reduced vocabulary (the identity map), so CI runs the reduced one and the plain one is full-tier.
+FULL = {"dspark-greedy-drafts", "dspark-probabilistic", "dspark-adaptive-probabilistic", "eagle3-vllm-sampler",
+        "mtp-probabilistic"}
 
 
 def _tiered(names):
@@ -183,7 +190,8 @@ def test_block_verification_runs_when_configured(run):
 
 
 @pytest.mark.parametrize("name", _tiered(["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic",
-                                          "dspark-adaptive-probabilistic", "dspark-reduced-vocab"]))
+                                          "dspark-adaptive-probabilistic", "dspark-reduced-vocab",
+                                          "mtp-reduced-vocab"]))
 def test_token_wise_verification_runs_for_standard(name, run):
     v = _op_calls(run(name), name)
     assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v

@@ -185,7 +185,10 @@ def vllm_internals() -> dict[str, str]:
     package."""
     from vllm_specx._vllm_compat import acceptance
 
+    from vllm_specx import engine
+
     out = {name: "vllm_specx._vllm_compat.acceptance" for name in acceptance.VLLM_INTERNALS}
+    out.update({name: "vllm_specx.engine (gen-data --engine-args)" for name in engine.VLLM_INTERNALS})
     for m in registry.methods().values():
         out.update({name: f"method {m.name}" for name in m.vllm_internals})
     return out

@@ -24,6 +24,30 @@ def add_chain_args(ap) -> None:
                     help="step j's input token: the target's x_{a+j} or the chain's own draft")
 
 
+def add_draft_vocab_arg(ap) -> None:
+    """`--draft-vocab N`: a reduced draft vocabulary (`vllm_specx.vocab`)."""
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="a reduced draft vocabulary: the N target tokens most frequent in the data's "
+                         "responses (default: the target's full vocabulary; see vllm_specx.vocab)")
+
+
+def data_vocab(data, size: int, vocab_size: int, exclude: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `size` target tokens most frequent in the responses of `data` (a `gen-data` folder's
+    tokens.jsonl), tokens in `exclude` (e.g. a mask token, never drafted) left out; ascending ids."""
+    from vllm_specx import vocab
+    from vllm_specx.training.data import response_ids
+
+    drop = set(exclude)
+    ids, counts = vocab.by_frequency(([t for t in r if t not in drop] for r in response_ids(data)),
+                                     size, vocab_size)
+    if int((counts[ids] > 0).sum()) < size:  # fewer distinct tokens than the size
+        raise SystemExit(f"--draft-vocab {size}: the data's responses have only "
+                         f"{int((counts > 0).sum())} distinct tokens; give a smaller size")
+    print(f"draft vocabulary: {size} of {vocab_size} tokens, "
+          f"{float(counts[ids].sum()) / max(1, int(counts.sum())):.4f} of the data's response tokens")
+    return ids
+
+
 def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
                n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
     """Crop `batch` sequences to `seq_len` and place `anchors` random blocks in each (see

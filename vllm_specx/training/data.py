@@ -53,6 +53,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 TAPS_FIELDS = ("taps", "topk", "taps_dtype")  # the taps pass's part of meta.json
 PROMPT_FIELDS = ("prompts", "limit", "spread")
 COMMANDS_FILE = "commands.txt"
+EVALUATION = "evaluation"  # meta.json "purpose" of `gen-data --for-eval` data: measured on, never trained on
 SKIPPED_FILE = "skipped.jsonl"  # prompts too long for the engine's max_model_len, with their lengths  # which prompts (tests check drafts never saw an eval set)
 
 
@@ -75,15 +76,16 @@ def _check_meta(out: Path, meta: dict) -> None:
     file.write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def read_prompts(spec: str, limit: int | None = None) -> list[dict]:
+def read_prompts(spec: str, limit: int | None = None, evaluation: bool = False) -> list[dict]:
     """[{"id", "prompt"}] from a prompt-set name (`vllm_specx.assets.PROMPT_SETS`; a chat set's
     prompt is its message list) or a jsonl file with "id" and "prompt" or "messages".
 
-    Refuses evaluation sets: drafts are never trained on what they are measured on."""
+    Refuses evaluation sets unless `evaluation` (gen-data --for-eval: data the trainer only
+    measures on, never trains on): drafts are never trained on what they are measured on."""
     from vllm_specx import assets
 
     if spec in assets.PROMPT_SETS:
-        if assets.PROMPT_SETS[spec][1] != "train":
+        if assets.PROMPT_SETS[spec][1] != "train" and not evaluation:
             raise ValueError(f"--prompts {spec}: an evaluation set ({assets.PROMPT_SETS[spec][2]}); "
                              "train on a training set: "
                              + ", ".join(n for n, v in assets.PROMPT_SETS.items() if v[1] == "train"))
@@ -98,10 +100,11 @@ def read_prompts(spec: str, limit: int | None = None) -> list[dict]:
     return [{"id": r["id"], "prompt": r.get("messages", r.get("prompt"))} for r in rows]
 
 
-def select_prompts(spec: str, limit: int | None = None, spread: int | None = None) -> list[dict]:
-    """The prompts gen-data runs on: `read_prompts(spec, limit)`, then with `spread` N that many
-    spread evenly over them (every len/N-th), in order."""
-    prompts = read_prompts(spec, limit)
+def select_prompts(spec: str, limit: int | None = None, spread: int | None = None,
+                   evaluation: bool = False) -> list[dict]:
+    """The prompts gen-data runs on: `read_prompts(spec, limit, evaluation)`, then with `spread` N
+    that many spread evenly over them (every len/N-th), in order."""
+    prompts = read_prompts(spec, limit, evaluation)
     if spread is not None and spread < len(prompts):
         prompts = [prompts[i * len(prompts) // spread] for i in range(spread)]
     return prompts
@@ -395,6 +398,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="N prompts spread evenly over the set (every len/N-th), after --limit")
     ap.add_argument("--taps-only", action="store_true",
                     help="generate nothing: store taps for the responses already in <out>/tokens.jsonl")
+    ap.add_argument("--for-eval", action="store_true",
+                    help="data to measure drafts on (`train --eval-data`), e.g. of an evaluation set "
+                         "such as humaneval; recorded in meta.json, and `train --data` refuses it")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="end a response at the target's end of answer (chat targets); default: exactly --max-tokens")
     args = ap.parse_args(argv)
@@ -425,8 +431,18 @@ def main(argv: list[str] | None = None) -> None:
             if k in saved:
                 setattr(args, k, saved[k])
         args.stop_at_eos = bool(saved.get("stop_at_eos"))
+        args.for_eval = saved.get("purpose") == EVALUATION
     target = str(resolve(args.target))  # a registered name (recorded as such) or a directory
     args.device = taps_device(args.device)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch build sees no CUDA device (use --device cpu)")
+    if not args.taps_only:
+        from vllm_specx.engine import engine_args
+
+        try:
+            engine_args(args.engine_args)  # refused before any work, naming the field
+        except ValueError as e:
+            ap.error(f"--engine-args: {e}")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     taps = tuple(sorted(int(x) for x in args.taps.split(",") if x))
@@ -438,13 +454,15 @@ def main(argv: list[str] | None = None) -> None:
         meta["stop_at_eos"] = True
     if args.topk:
         meta["topk"] = args.topk
+    if args.for_eval:
+        meta["purpose"] = EVALUATION
     if args.dtype != "float32":
         meta["taps_dtype"] = args.dtype
     _check_meta(out, meta)
     with open(out / COMMANDS_FILE, "a") as f:
         f.write(" ".join(["vllm-specx gen-data", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]) + "\n")
     if not args.taps_only:
-        prompts = select_prompts(args.prompts, args.limit, args.spread)
+        prompts = select_prompts(args.prompts, args.limit, args.spread, evaluation=args.for_eval)
         generate_tokens(target, prompts, out, args.max_tokens, args.temperature, batch=args.batch,
                         ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
     print(f"data: {out}")

@@ -183,6 +183,16 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--unseen-by", default=None,
                     help="a trained draft: train and validate only on samples whose prompts its training "
                          "data did not hold (a head added to that draft then learns how it does on new prompts)")
+    ap.add_argument("--train-samples", type=int, default=None,
+                    help="train on the first N samples of the shuffled training split (a learning "
+                         "curve's sizes are nested prefixes; the validation samples are the same)")
+    ap.add_argument("--eval-data", action="append", default=[],
+                    help="a `gen-data --for-eval` folder (repeatable): after training, the draft's "
+                         "teacher-forced greedy tau and per-position acceptance on all its samples "
+                         "are recorded under 'eval' in training.json")
+    ap.add_argument("--eval-drafts", type=int, default=None,
+                    help="--eval-data measures the first K draft positions (the K drafts a pass "
+                         "serves, e.g. 7 for a block of 8); default: every trained position")
     ap.add_argument("--val-samples", type=int, default=32)
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=200, help=f"steps between {STATE_FILE} writes")
@@ -246,6 +256,14 @@ def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     meta = json.loads((Path(args.data) / "meta.json").read_text())
+    from vllm_specx.training.data import EVALUATION
+
+    if meta.get("purpose") == EVALUATION:
+        raise SystemExit(f"--data {args.data}: made with `gen-data --for-eval` (prompts {meta.get('prompts')!r}): "
+                         "drafts are measured on it, never trained on it; pass it as --eval-data")
+    evals = [(Path(d), _eval_meta(Path(d), meta)) for d in args.eval_data]
+    if args.train_samples is not None and args.train_samples < 1:
+        raise SystemExit(f"--train-samples {args.train_samples}: must be >= 1")
     if not 0 <= args.ce_weight <= 1:
         raise SystemExit(f"--ce-weight {args.ce_weight}: must be in [0, 1]")
     if args.confidence_weight < 0:
@@ -264,6 +282,11 @@ def train(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--data {args.data}: {len(pool)} usable samples, not more than --val-samples {args.val_samples}")
     val_idx, train_idx = split(len(pool), args.val_samples, rng)
     val_idx, train_idx = [pool[i] for i in val_idx], [pool[i] for i in train_idx]
+    if args.train_samples is not None:
+        if args.train_samples > len(train_idx):
+            raise SystemExit(f"--train-samples {args.train_samples}: the data holds {len(train_idx)} "
+                             f"training samples (after {args.val_samples} validation samples)")
+        train_idx = train_idx[: args.train_samples]
     val, train_set = samples.subset(val_idx), samples.subset(train_idx)
     model = h.build(target, args, meta, *embed_and_head(target)).to(device)
     del target
@@ -336,6 +359,12 @@ def train(args: argparse.Namespace) -> dict:
             validate(step + 1, round(loss.item(), 4))
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_state(step + 1)
+    if evals:
+        evaluated = {}
+        for d, m in evals:
+            evaluated[d.name] = evaluate(h, model, load_samples(d), args, device, autocast)
+            evaluated[d.name]["prompts"] = m.get("prompts")
+            tqdm.write(f"eval {d.name}: {json.dumps(evaluated[d.name])}")
     cmds = Path(args.data) / COMMANDS_FILE
     record = {"command": "vllm-specx train " + command_flags(args), "args": vars(args), "data": meta,
               "data_commands": cmds.read_text().splitlines() if cmds.is_file() else None,
@@ -343,11 +372,62 @@ def train(args: argparse.Namespace) -> dict:
               **({"unseen_by_excluded": len(samples) - len(pool)} if args.unseen_by else {}),
               "train_samples": len(train_set), "val_samples": len(val),
               "val_prompt_ids": [samples.index[i][1] for i in val_idx],
-              "wall_s": round(wall + time.time() - t0, 1), "log": log}
+              "wall_s": round(wall + time.time() - t0, 1), "log": log,
+              **({"eval": evaluated} if evals else {})}
     h.save(model, args.out, getattr(torch, args.save_dtype))
     (out_dir / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {args.out}")
     return record
+
+
+def _eval_meta(folder: Path, train_meta: dict) -> dict:
+    """An --eval-data folder's meta, checked against the training data's: the same target and
+    the taps (and top-k) the draft reads."""
+    try:
+        m = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--eval-data {folder}: not a gen-data folder ({e})") from None
+    if m.get("target") != train_meta.get("target"):
+        raise SystemExit(f"--eval-data {folder}: made for target {m.get('target')!r}, the training data "
+                         f"for {train_meta.get('target')!r}")
+    missing = [t for t in train_meta.get("taps", []) if t not in m.get("taps", [])]
+    if missing:
+        raise SystemExit(f"--eval-data {folder}: its taps {m.get('taps')} lack the training data's {missing} "
+                         f"(make it with the same --taps)")
+    if m.get("taps") != train_meta.get("taps"):
+        raise SystemExit(f"--eval-data {folder}: taps {m.get('taps')} differ from the training data's "
+                         f"{train_meta.get('taps')} (the draft reads taps by position)")
+    return m
+
+
+@torch.no_grad()
+def evaluate(h, model, samples, args, device, autocast, seed: int = 2) -> dict:
+    """Teacher-forced greedy tau and per-position acceptance of `model` on every sample of an
+    evaluation folder (`--anchors` blocks per sequence, placed by a fixed seed): for greedy
+    verification this is the served accepted length at those anchors, since a greedy chain's
+    inputs equal the target's tokens wherever its drafts are accepted."""
+    rng, total = random.Random(seed), {}
+    with autocast:
+        for i in range(0, len(samples), args.batch):
+            part = samples.subset(range(i, min(i + args.batch, len(samples))))
+            out = h.forward(model, _to(h.batch(model, part, rng, len(part), args), device))
+            if args.eval_drafts:
+                out = _first_positions(out, args.eval_drafts)
+            for k, v in validation_stats(out).items():
+                total[k] = total.get(k, 0) + v.float().cpu()
+    res = summarise(total)
+    return {"samples": len(samples), "blocks": int(total["blocks"]), **res}
+
+
+def _first_positions(out, k: int):
+    """A DraftOutput cut to its first k draft positions (targets [..., n], logits [..., n, V])."""
+    import dataclasses
+
+    cut = lambda t, dim: None if t is None else t.narrow(dim, 0, min(k, t.shape[dim]))  # noqa: E731
+    n = out.targets.dim() - 1
+    return dataclasses.replace(out, logits=cut(out.logits, n), targets=cut(out.targets, n),
+                               target_ids=cut(out.target_ids, n), target_logp=cut(out.target_logp, n),
+                               confidence=cut(out.confidence, n))
 
 
 def usable(samples, data_meta: dict, unseen_by: str | None) -> list[int]:

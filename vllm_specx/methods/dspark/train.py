@@ -45,7 +45,8 @@ from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
-from vllm_specx.training.blocks import make_batch
+from vllm_specx.training import blocks
+from vllm_specx.training.blocks import add_draft_vocab_arg, make_batch
 from vllm_specx.training.losses import DraftOutput, to_draft_vocab
 from vllm_specx.training.taps import select_taps
 
@@ -87,9 +88,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sliding-window", type=int, default=None, help="context window of a block")
     ap.add_argument("--chain-tokens", default="target", choices=["target", "draft"],
                     help="previous tokens the Markov head is trained on (see the module docstring)")
-    ap.add_argument("--draft-vocab", type=int, default=None,
-                    help="a reduced draft vocabulary: the N target tokens most frequent in the data's "
-                         "responses (default: the target's full vocabulary; see vllm_specx.vocab)")
+    add_draft_vocab_arg(ap)
     ap.add_argument("--confidence-head", default=None, choices=["hidden", "hidden+markov"],
                     help="add the per-slot acceptance-probability head, reading the slot's hidden "
                          "state (and W1[prev]); train it with --confidence-weight or --train-only confidence")
@@ -160,19 +159,9 @@ def default_mask_token(target_dir: str, vocab_size: int) -> int:
 
 
 def data_vocab(args, cfg: DSparkDraftConfig) -> torch.Tensor:
-    """The `--draft-vocab` most frequent target tokens of the data's responses (`--data`'s
-    tokens.jsonl), the mask token excluded (it is never drafted)."""
-    from vllm_specx.training.data import response_ids
-
-    m = cfg.mask_token_id
-    ids, counts = vocab.by_frequency(([t for t in r if t != m] for r in response_ids(args.data)),
-                                     cfg.draft_vocab_size, cfg.vocab_size)
-    if bool((ids == m).any()):  # fewer distinct tokens than the size: a zero-count filler
-        raise SystemExit(f"--draft-vocab {cfg.draft_vocab_size}: the data's responses have fewer "
-                         "distinct tokens; give a smaller size")
-    print(f"draft vocabulary: {cfg.draft_vocab_size} of {cfg.vocab_size} tokens, "
-          f"{float(counts[ids].sum()) / max(1, int(counts.sum())):.4f} of the data's response tokens")
-    return ids
+    """The `--draft-vocab` most frequent target tokens of the data's responses, the mask token
+    excluded (it is never drafted)."""
+    return blocks.data_vocab(args.data, cfg.draft_vocab_size, cfg.vocab_size, (cfg.mask_token_id,))
 
 
 def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """Write and read EAGLE-3 drafts in the format vLLM's built-in `eagle3` method loads: config.json
 (`LlamaForCausalLMEagle3`, `eagle_aux_hidden_state_layer_ids`) and model.safetensors with
-`fc`, `norm` and `midlayer.*` tensors; no embed_tokens / lm_head (vLLM shares the target's)."""
+`fc`, `norm` and `midlayer.*` tensors; no embed_tokens / lm_head (vLLM shares the target's),
+except a reduced draft vocabulary's own `lm_head.weight` rows and `d2t` / `t2d` (vLLM's names)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_specx.checkpoint import (check_tensors, dtype_name, load_tensors, read_config_json, save_tensors,
+from vllm_specx.checkpoint import (check_tensors, check_vocab_maps, dtype_name, load_tensors, read_config_json, save_tensors,
                                    to_aux_ids, write_config_json)
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
@@ -17,7 +18,7 @@ TRAINED_BY = "vllm-specx"  # `specx.trained_by` of the drafts this trainer write
 
 def save(draft, out: str | Path, dtype: torch.dtype = torch.float32) -> None:
     write_config_json(out, {**draft.cfg.vllm_config_json(), "torch_dtype": dtype_name(dtype)})
-    save_tensors(out, {k: v.to(dtype) for k, v in draft.vllm_state_dict().items()})
+    save_tensors(out, {k: v.to(dtype) if v.is_floating_point() else v for k, v in draft.vllm_state_dict().items()})
 
 
 def load(path: str | Path, embed: torch.Tensor, lm_head: torch.Tensor):
@@ -77,3 +78,5 @@ def check_vllm_draft(path: str | Path, target: dict, num_speculative_tokens: int
             raise ValueError(f"{where}: {e}") from e
         expected = cfg.expected_tensors()
     check_tensors(path, expected)
+    if expected is not None and cfg.reduced_vocab:
+        check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)

@@ -9,6 +9,8 @@ x_t the tokens, embed / lm_head the target's. One decoder layer, inputs (token e
     r   = a + g
     out = mlp(post_attention_layernorm(r)) + r                    (pre-norm output)
     logits = lm_head(norm(out));  the next step's g = out
+    (a reduced draft vocabulary: lm_head is its Vd rows, logits in draft ids; a pick is mapped to
+    its target id, `vocab.to_target`, before it is a draft or the next step's token)
 
 Drafting from anchor a (the last verified token; the target's taps exist for positions < a):
 
@@ -31,16 +33,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_specx import vocab
 from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rope
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor,
+                 draft_vocab: torch.Tensor | None = None):
+        """embed, lm_head: the target's [V, H]. A reduced draft vocabulary (`cfg.reduced_vocab`)
+        keeps the rows of `draft_vocab` (its target ids; None: placeholders a checkpoint fills)."""
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
-        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+        if cfg.reduced_vocab:
+            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
+                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
+            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
+            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
+            self.register_buffer("d2t", d2t)
+            self.register_buffer("t2d", t2d)
+        else:
+            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+            self.d2t = self.t2d = None
         h, hd = cfg.hidden_size, cfg.head_dim
         self.fc = nn.Linear(cfg.target_hidden_size * len(cfg.target_layer_ids), h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
@@ -66,9 +81,23 @@ class Eagle3Draft(nn.Module):
             out[f"{m}self_attn.{n}.weight"] = getattr(self, n).weight
         for n in ("gate_proj", "up_proj", "down_proj"):
             out[f"{m}mlp.{n}.weight"] = getattr(self, n).weight
+        if self.cfg.reduced_vocab:
+            out.update({"lm_head.weight": self.lm_head, vocab.D2T: self.d2t, vocab.T2D: self.t2d})
         return out
 
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """The target id of every draft id (`vocab.target_ids`); None for the full vocabulary."""
+        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
+
     def load_vllm_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        tensors = dict(tensors)
+        if self.cfg.reduced_vocab and vocab.D2T in tensors:
+            vocab.check_maps(tensors[vocab.D2T], tensors.get(vocab.T2D), self.cfg.vocab_size,
+                             self.cfg.draft_vocab_size, "EAGLE-3 checkpoint")
+            tensors[vocab.D2T] = tensors[vocab.D2T].long()
+            if vocab.T2D not in tensors:  # optional on disk
+                tensors[vocab.T2D] = vocab.maps(vocab.target_ids(tensors[vocab.D2T]), self.cfg.vocab_size)[1]
         own = self.vllm_state_dict()
         missing = sorted(set(own) - set(tensors))
         if missing:
@@ -109,7 +138,7 @@ class Eagle3Draft(nn.Module):
 
     def chain_logits(self, taps: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, n: int,
                      chain_tokens: str = "target") -> torch.Tensor:
-        """Logits [B, M, n, V] of drafts 0..n-1 from each anchor a ([B, M], 1 <= a): the module
+        """Logits [B, M, n, V] (V: the draft vocabulary) of drafts 0..n-1 from each anchor a ([B, M], 1 <= a): the module
         docstring's chain, with step j's token x_{a+j} ("target"; ids [B, S], -100 = padding) or
         the previous draft ("draft")."""
         c = self.cfg
@@ -126,7 +155,7 @@ class Eagle3Draft(nn.Module):
         own_k, own_v = [], []
         for j in range(1, n):
             if chain_tokens == "draft":
-                tok = logits[-1].detach().argmax(-1)
+                tok = vocab.to_target(logits[-1].detach().argmax(-1), self.draft_target_ids)
             else:
                 tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
             q, k, v = self._qkv(tok, g, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
@@ -144,4 +173,5 @@ class Eagle3Draft(nn.Module):
         a = torch.tensor([[ids.shape[0] - 1]])
         pad = F.pad(ids, (0, n))[None]
         taps = F.pad(taps, (0, 0, 0, n + 1))[None]
-        return self.chain_logits(taps, pad, a, n, "draft")[0, 0].argmax(-1).tolist()
+        return vocab.to_target(self.chain_logits(taps, pad, a, n, "draft")[0, 0].argmax(-1),
+                               self.draft_target_ids).tolist()

@@ -9,28 +9,46 @@ import random
 
 import torch
 
-from vllm_specx.training.blocks import add_chain_args, make_batch
+from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch
+from vllm_specx.training.taps import select_taps
 from vllm_specx.methods.eagle3.checkpoint import save as save_eagle3
 from vllm_specx.methods.eagle3.config import Eagle3Config
 from vllm_specx.methods.eagle3.model import Eagle3Draft
-from vllm_specx.training.losses import DraftOutput
+from vllm_specx.training.losses import DraftOutput, to_draft_vocab
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     add_chain_args(ap)
+    add_draft_vocab_arg(ap)
+    ap.add_argument("--taps", default="",
+                    help="comma-separated target layers the draft fuses, among the data's taps "
+                         "(default: all of the data's taps)")
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> Eagle3Draft:
-    cfg = Eagle3Config.for_target(target.config.to_dict(), data_meta["taps"])
-    draft = Eagle3Draft(cfg, embed, lm_head)
+    data_taps = list(data_meta["taps"])
+    try:
+        taps = [int(x) for x in args.taps.split(",") if x.strip()] or data_taps
+    except ValueError:
+        raise SystemExit(f"--taps {args.taps!r}: expected comma-separated layer numbers") from None
+    missing = [t for t in taps if t not in data_taps]
+    if missing:
+        raise SystemExit(f"--taps {args.taps}: layer(s) {missing} are not among the data's taps {data_taps}")
+    tc = target.config.to_dict()
+    cfg = Eagle3Config.for_target(tc, sorted(taps), getattr(args, "draft_vocab", None) or 0)
+    ids = data_vocab(args.data, cfg.draft_vocab_size, cfg.vocab_size) if cfg.reduced_vocab else None
+    draft = Eagle3Draft(cfg, embed, lm_head, ids)
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
+    draft.tap_slices = [data_taps.index(t) for t in cfg.target_layer_ids]
     return draft
 
 
 def batch(draft: Eagle3Draft, samples, rng: random.Random, size: int, args) -> dict:
     b = make_batch(samples, rng, size, args.seq_len, args.anchors, args.drafts, mask_id=0)
+    if draft.tap_slices != list(range(b["taps"].shape[-1] // draft.cfg.target_hidden_size)):
+        b["taps"] = select_taps(b["taps"], draft.tap_slices, draft.cfg.target_hidden_size)
     b["chain_tokens"] = args.chain_tokens
     return b
 
@@ -38,8 +56,9 @@ def batch(draft: Eagle3Draft, samples, rng: random.Random, size: int, args) -> d
 def forward(draft: Eagle3Draft, b: dict) -> DraftOutput:
     n = b["targets"].shape[-1]
     logits = draft.chain_logits(b["taps"], b["ids"], b["anchors"], n, b.get("chain_tokens", "target"))
-    return DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
-                       target_logp=b.get("topk_logp"))
+    out = DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
+                      target_logp=b.get("topk_logp"))
+    return to_draft_vocab(out, draft.t2d) if draft.cfg.reduced_vocab else out
 
 
 def save(draft: Eagle3Draft, out, dtype: torch.dtype = torch.float32) -> None:

@@ -4,7 +4,8 @@ config.json is a one-layer Llama config (what vLLM's draft-model plumbing parses
 "llama", `hidden_size`, ...) with `architectures: ["SpecxMTPModel"]` and a `specx` block
 `{"method": "mtp", "format_version": 1, <MTPDraftConfig fields>}`; `format_version` is required
 and readers refuse versions they do not know. Tensors: `MTPDraftConfig.expected_tensors` (no
-embeddings or LM head: the target's are shared).
+embeddings or LM head: the target's are shared; a reduced draft vocabulary carries its own
+`lm_head.weight` rows and `d2t` / `t2d`, `vllm_specx.vocab`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def config_json(cfg: MTPDraftConfig, dtype: torch.dtype = torch.float32) -> dict
 
 def save(draft, out: str | Path, dtype: torch.dtype = torch.float32) -> None:
     write_config_json(out, config_json(draft.cfg, dtype))
-    save_tensors(out, {k: v.detach().to(dtype).contiguous() for k, v in draft.specx_state_dict().items()})
+    save_tensors(out, {k: v.detach().to(dtype).contiguous() if v.is_floating_point() else v
+                       for k, v in draft.specx_state_dict().items()})
 
 
 def load(path: str | Path, embed: torch.Tensor, lm_head: torch.Tensor, **overrides):

@@ -26,6 +26,11 @@ class MTPDraftConfig:
         attention: "dense" (DSA with IndexShare is refused until it is served).
         max_drafts: drafts per pass when the user gives no `num_speculative_tokens`.
         trained_steps: draft steps the layer was trained unrolled for (information only).
+        draft_vocab_size: 0 (the default) or vocab_size: the target's LM head scores every token.
+            Below vocab_size, a reduced draft vocabulary (`vllm_specx.vocab`): the checkpoint
+            carries its own `lm_head.weight` [draft_vocab_size, H] (rows of the target's) and the
+            map `d2t` [draft_vocab_size] (optionally `t2d` [vocab_size]); the embeddings stay the
+            target's (a step's input token is always a target token).
         fusion_layer_ids: empty for a plain MTP layer (step 0 reads the target's final hidden
             state H_p); the Kimi-K3 variant: 0-based target layers whose residual streams
             (vLLM's EAGLE-3 aux hidden states) `fc` fuses into step 0's hidden input.
@@ -48,6 +53,7 @@ class MTPDraftConfig:
     max_drafts: int = 7
     trained_steps: int = 7
     fusion_layer_ids: tuple[int, ...] = ()
+    draft_vocab_size: int = 0
     source_format: str = "specx"
 
     def __post_init__(self):
@@ -81,6 +87,11 @@ class MTPDraftConfig:
         if ids and (sorted(set(ids)) != ids or ids[0] < 0 or ids[-1] >= self.target_num_hidden_layers):
             raise ValueError(f"MTP draft config: fusion_layer_ids {ids} must be distinct ascending "
                              f"layers of the target (0..{self.target_num_hidden_layers - 1})")
+        v = self.draft_vocab_size
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= self.vocab_size:
+            raise ValueError(f"MTP draft config: draft_vocab_size must be an integer in [1, vocab_size "
+                             f"{self.vocab_size}] (0: the full vocabulary), got {v!r}")
+        object.__setattr__(self, "draft_vocab_size", v or self.vocab_size)
         if self.source_format != "specx":
             raise ValueError(f"MTP draft config: source_format {self.source_format!r} is not 'specx'")
 
@@ -101,6 +112,11 @@ class MTPDraftConfig:
             raise ValueError(f"MTP draft: num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
 
     @property
+    def reduced_vocab(self) -> bool:
+        """A reduced draft vocabulary (own lm_head rows and `d2t`)."""
+        return self.draft_vocab_size < self.vocab_size
+
+    @property
     def max_drafts_source(self) -> str:
         """Where `max_drafts` (the default drafts per pass) comes from, for messages."""
         return f"specx.max_drafts {self.max_drafts}"
@@ -115,7 +131,9 @@ class MTPDraftConfig:
                 b + "self_attn.v_proj.weight": (kv, h), b + "self_attn.o_proj.weight": (h, q),
                 b + "mlp.gate_proj.weight": (i, h), b + "mlp.up_proj.weight": (i, h),
                 b + "mlp.down_proj.weight": (h, i), "shared_head.norm.weight": (h,),
-                **({"fc.weight": (h, h * len(self.fusion_layer_ids))} if self.fusion_layer_ids else {})}
+                **({"fc.weight": (h, h * len(self.fusion_layer_ids))} if self.fusion_layer_ids else {}),
+                **({"lm_head.weight": (self.draft_vocab_size, h), "d2t": (self.draft_vocab_size,),
+                    "t2d": (self.vocab_size,)} if self.reduced_vocab else {})}
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -124,6 +142,7 @@ class MTPDraftConfig:
 
     def summary(self) -> str:
         k3 = f", K3 fusion of target layers {list(self.fusion_layer_ids)}" if self.fusion_layer_ids else ""
+        k3 += f", draft vocabulary {self.draft_vocab_size} of {self.vocab_size}" if self.reduced_vocab else ""
         return (f"MTP layer (shared across draft steps, {self.attention} attention{k3}), hidden "
                 f"{self.hidden_size}, kv_share {'on' if self.kv_share else 'off'}, trained for "
                 f"{self.trained_steps} steps, {self.max_drafts} drafts by default")

@@ -11,6 +11,10 @@ One step of the layer, inputs (token e, hidden h) at RoPE position p:
     g   = norm(r + mlp(post_attention_layernorm(r)))                     (`shared_head.norm`)
     logits = lm_head(g);   the next step's h = g (the post-norm output is recycled)
 
+A reduced draft vocabulary (`cfg.reduced_vocab`, `vllm_specx.vocab`): lm_head is the Vd rows of
+the target's LM head for the draft vocabulary, so logits are [.., Vd] in draft ids; a pick is
+mapped to its target id (`vocab.to_target`) before it is the next step's input token or a draft.
+
 Drafting from anchor a (the last verified token, at position a; H exists for positions < a):
 
     step 0, every position p < a:  (e, h) = (x_{p+1}, H_p) at position p. Its keys/values K_p,
@@ -50,16 +54,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_specx import vocab
 from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rms_norm, rope
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 
 
 class MTPDraft(nn.Module):
-    def __init__(self, cfg: MTPDraftConfig, embed: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, cfg: MTPDraftConfig, embed: torch.Tensor, lm_head: torch.Tensor,
+                 draft_vocab: torch.Tensor | None = None):
+        """embed, lm_head: the target's [V, H]. A reduced draft vocabulary (`cfg.reduced_vocab`)
+        keeps the rows of `draft_vocab` (its target ids; None: placeholders a checkpoint fills)."""
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
-        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+        if cfg.reduced_vocab:  # its own rows of the target's LM head, saved with the maps
+            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
+                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
+            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
+            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
+            self.register_buffer("d2t", d2t)
+            self.register_buffer("t2d", t2d)
+        else:
+            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+            self.d2t = self.t2d = None
         h, hd = cfg.hidden_size, cfg.head_dim
         eps = cfg.rms_norm_eps
         self.enorm, self.hnorm = RMSNorm(h, eps), RMSNorm(h, eps)
@@ -104,10 +121,24 @@ class MTPDraft(nn.Module):
             out[f"{b}mlp.{n}.weight"] = getattr(self, n).weight
         if self.cfg.fusion_layer_ids:
             out["fc.weight"] = self.fc.weight
+        if self.cfg.reduced_vocab:
+            out.update({"lm_head.weight": self.lm_head, vocab.D2T: self.d2t, vocab.T2D: self.t2d})
         return out
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """The target id of every draft id (`vocab.target_ids`); None for the full vocabulary."""
+        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
 
     def load_specx_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         own = self.specx_state_dict()
+        tensors = dict(tensors)
+        if self.cfg.reduced_vocab and vocab.D2T in tensors:
+            vocab.check_maps(tensors[vocab.D2T], tensors.get(vocab.T2D), self.cfg.vocab_size,
+                             self.cfg.draft_vocab_size, "MTP checkpoint")
+            tensors[vocab.D2T] = tensors[vocab.D2T].long()
+            if vocab.T2D not in tensors:  # optional on disk; the reference keeps it
+                tensors[vocab.T2D] = vocab.maps(vocab.target_ids(tensors[vocab.D2T]), self.cfg.vocab_size)[1]
         missing = sorted(set(own) - set(tensors))
         extra = sorted(set(tensors) - set(own))
         if missing or extra:
@@ -118,6 +149,8 @@ class MTPDraft(nn.Module):
                     raise ValueError(f"MTP checkpoint: {k} has shape {list(tensors[k].shape)}, "
                                      f"expected {list(p.shape)}")
                 p.copy_(tensors[k].to(p.dtype))
+        if self.cfg.reduced_vocab:  # the maps are integers: replaced, not cast
+            self.d2t, self.t2d = tensors[vocab.D2T].clone(), tensors[vocab.T2D].bool().clone()
 
     def _input(self, e_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return self.eh_proj(torch.cat([self.enorm(self.embed[e_ids]), self.hnorm(h)], -1))
@@ -151,7 +184,7 @@ class MTPDraft(nn.Module):
 
     def chain_logits(self, hidden: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor, n: int,
                      kv_share: bool | None = None, chain_tokens: str = "target") -> torch.Tensor:
-        """Logits [B, M, n, V] of drafts 1..n from each anchor a ([B, M], 1 <= a): the module
+        """Logits [B, M, n, V] (V: the draft vocabulary) of drafts 1..n from each anchor a ([B, M], 1 <= a): the module
         docstring's chain, with `kv_share` (default: the config's) and step j's token x_{a+j}
         ("target"; ids [B, S], -100 = padding) or the previous draft ("draft")."""
         c = self.cfg
@@ -169,7 +202,7 @@ class MTPDraft(nn.Module):
         own_k, own_v = [], []  # stay empty with KVShare: step 0's key set only
         for j in range(1, n):
             if chain_tokens == "draft":
-                tok = logits[-1].detach().argmax(-1)
+                tok = vocab.to_target(logits[-1].detach().argmax(-1), self.draft_target_ids)
             else:
                 tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
             u = self._input(tok, g)
@@ -184,7 +217,7 @@ class MTPDraft(nn.Module):
     @torch.no_grad()
     def draft_logits(self, hidden: torch.Tensor, ids: torch.Tensor, n: int, kv_share: bool | None = None,
                      drafts: list[int] | None = None) -> torch.Tensor:
-        """Per-step draft logits [n, V] for one request: the target's hidden states [T, H] of
+        """Per-step draft logits [n, V] (draft ids) for one request: the target's hidden states [T, H] of
         positions 0..T-1 and the verified tokens ids [T + 1] (the last is the anchor, position T).
         Step j's input token is `drafts[j - 1]` when given (e.g. the drafts vLLM sampled),
         else the greedy draft."""
@@ -196,9 +229,28 @@ class MTPDraft(nn.Module):
 
     def greedy_drafts(self, hidden: torch.Tensor, ids: torch.Tensor, n: int,
                       kv_share: bool | None = None) -> list[int]:
-        return self.draft_logits(hidden, ids, n, kv_share).argmax(-1).tolist()
+        return vocab.to_target(self.draft_logits(hidden, ids, n, kv_share).argmax(-1),
+                               self.draft_target_ids).tolist()
 
 
 def final_hidden(norm_weight: torch.Tensor, eps: float, last_layer_tap: torch.Tensor) -> torch.Tensor:
     """H_t from the residual stream after the target's last layer (a data tap): its final norm."""
     return rms_norm(last_layer_tap, norm_weight, eps)
+
+
+def reduced(draft: MTPDraft, ids: torch.Tensor, full_lm_head: torch.Tensor | None = None) -> MTPDraft:
+    """`draft` (full vocabulary) with a reduced draft vocabulary `ids` (target ids): the same layer
+    weights, lm_head = the target's rows at `ids` (`full_lm_head`, default the draft's own [V, H]).
+    Its logits are the full draft's at `ids`; its greedy drafts the full draft's with every other
+    token masked."""
+    import dataclasses
+
+    if draft.cfg.reduced_vocab:
+        raise ValueError("reduced(): the draft already has a reduced vocabulary")
+    head = draft.lm_head if full_lm_head is None else full_lm_head
+    cfg = dataclasses.replace(draft.cfg, draft_vocab_size=int(torch.as_tensor(ids).numel()))
+    out = MTPDraft(cfg, draft.embed, head, ids)
+    state = {**draft.specx_state_dict(), **{k: v for k, v in out.specx_state_dict().items()
+                                            if k in ("lm_head.weight", vocab.D2T, vocab.T2D)}}
+    out.load_specx_state_dict(state)
+    return out

@@ -12,7 +12,9 @@ previous draft and the layer's own output. Two things are ours (`model.py` is th
   With `kv_share` off, vLLM's own update runs (mixed KV).
 * **drafts**: greedy, or with `draft_sample_method: "probabilistic"` sampled at the request's
   temperature by `sample.draft_sampling.probabilistic_pick` (per-request seeded noise), their
-  distributions handed to our rejection sampler for "standard" and "block" verification.
+  distributions handed to our rejection sampler for "standard" and "block" verification. A
+  reduced draft vocabulary picks in draft ids and hands on target ids and q scattered to the
+  target vocabulary (zero outside the draft vocabulary: `vllm_specx.vocab`).
 
 Counters in `stats` (read through `LLM.collective_rpc`): propose calls, draft steps run, the
 KV writes KVShare skipped, probabilistic passes.
@@ -27,7 +29,7 @@ import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
-from vllm_specx import registry
+from vllm_specx import registry, vocab
 from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
 logger = logging.getLogger("vllm.specx")
@@ -66,8 +68,10 @@ class MTPProposer(EagleProposer):
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         """Drafts [batch] and, when probabilistic, their distributions [batch, vocab]."""
         self.stats["draft_steps"] += 1
-        logits = self.model.compute_logits(hidden_states)
+        logits = self.model.compute_logits(hidden_states)  # [batch, Vd] (draft ids)
+        ids = self.model.draft_target_ids  # None: the full vocabulary
         if self._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy:
             self.stats["probabilistic_calls"] += 1
-            return probabilistic_pick(sampling_metadata, logits.shape[0])(logits)
-        return logits.argmax(-1), None
+            drafts, probs = probabilistic_pick(sampling_metadata, logits.shape[0])(logits)
+            return vocab.to_target(drafts, ids), vocab.scatter_to_target(probs, ids, self.mtp.vocab_size)
+        return vocab.to_target(logits.argmax(-1), ids), None

@@ -29,13 +29,14 @@ import torch
 from vllm_specx.methods.mtp.checkpoint import save as save_mtp
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 from vllm_specx.methods.mtp.model import MTPDraft, final_hidden
-from vllm_specx.training.blocks import add_chain_args, make_batch
-from vllm_specx.training.losses import DraftOutput
+from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch
+from vllm_specx.training.losses import DraftOutput, to_draft_vocab
 from vllm_specx.training.taps import select_taps
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     add_chain_args(ap)
+    add_draft_vocab_arg(ap)
     ap.add_argument("--kv-share", default="on", choices=["on", "off"],
                     help="KVShare in training and in the saved checkpoint (how it is served)")
     ap.add_argument("--serve-drafts", type=int, default=7,
@@ -60,8 +61,10 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if missing:
         raise SystemExit(f"--fusion-layers {args.fusion_layers}: layer(s) {missing} are not among the data's taps {taps}")
     cfg = MTPDraftConfig.for_target(tc, kv_share=args.kv_share == "on", max_drafts=args.serve_drafts,
-                                    trained_steps=args.drafts, fusion_layer_ids=fusion)
-    draft = MTPDraft(cfg, embed, lm_head)
+                                    trained_steps=args.drafts, fusion_layer_ids=fusion,
+                                    draft_vocab_size=getattr(args, "draft_vocab", None) or 0)
+    ids = data_vocab(args.data, cfg.draft_vocab_size, cfg.vocab_size) if cfg.reduced_vocab else None
+    draft = MTPDraft(cfg, embed, lm_head, ids)
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
@@ -73,6 +76,8 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         start.pop("fc.weight", None)  # the layer only; a fusion is (re)initialised below
         if fusion:
             start["fc.weight"] = draft.fc.weight
+        if cfg.reduced_vocab and "d2t" not in start:  # a full-vocabulary layer: this run's vocabulary
+            start.update({k: v for k, v in draft.specx_state_dict().items() if k in ("lm_head.weight", "d2t", "t2d")})
         try:
             draft.load_specx_state_dict(start)  # names and shapes checked
         except ValueError as e:
@@ -102,8 +107,9 @@ def batch(draft: MTPDraft, samples, rng: random.Random, size: int, args) -> dict
 def forward(draft: MTPDraft, b: dict) -> DraftOutput:
     n = b["targets"].shape[-1]
     logits = draft.chain_logits(b["hidden"], b["ids"], b["anchors"], n, None, b.get("chain_tokens", "target"))
-    return DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
-                       target_logp=b.get("topk_logp"))
+    out = DraftOutput(logits=logits, targets=b["targets"], target_ids=b.get("topk_ids"),
+                      target_logp=b.get("topk_logp"))
+    return to_draft_vocab(out, draft.t2d) if draft.cfg.reduced_vocab else out
 
 
 def save(draft: MTPDraft, out, dtype: torch.dtype = torch.float32) -> None:

@@ -1,7 +1,8 @@
 """The MTP draft on vLLM's layers: `model.py`'s math with vLLM's Llama decoder layer (its
 attention writes/reads the draft's paged KV cache under the layer index `target layers + 0`, as a
-native MTP layer's does), the target's embeddings and LM head (shared by vLLM's MTP loading: this
-model has neither `has_own_embed_tokens` nor `has_own_lm_head`).
+native MTP layer's does), the target's embeddings and LM head (shared by vLLM's loading:
+`has_own_lm_head` is False) - except a reduced draft vocabulary's, whose own lm_head rows
+[Vd, H] and `d2t` the checkpoint carries (`has_own_lm_head` True; logits in draft ids).
 
 `forward` returns (g, g): the post-norm output is both what the logits read and what the next
 draft step is fed (`model.py`). The K3 variant's `fc` is `combine_hidden_states`, which vLLM's
@@ -24,7 +25,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 
-from vllm_specx import registry
+from vllm_specx import registry, vocab
 
 _STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
             (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
@@ -61,8 +62,14 @@ class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
         _, cfg = registry.config_of(self.config)  # validated again here, in the worker
         self.mtp = cfg
         self.model = _MTPLayer(vllm_config, self.config, cfg, prefix=(prefix + ".model") if prefix else "model")
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)  # replaced by the target's
-        self.logits_processor = LogitsProcessor(cfg.vocab_size)
+        # A reduced draft vocabulary keeps its own lm_head rows [Vd, H] and d2t; else the LM head
+        # is replaced by the target's (vLLM shares it: has_own_lm_head False).
+        self.has_own_lm_head = cfg.reduced_vocab
+        self.lm_head = ParallelLMHead(cfg.draft_vocab_size, cfg.hidden_size)
+        self.logits_processor = LogitsProcessor(cfg.draft_vocab_size)
+        self.draft_id_to_target_id = (torch.nn.Parameter(torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
+                                                         requires_grad=False) if cfg.reduced_vocab else None)
+        self._target_ids = None
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -81,12 +88,31 @@ class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
         return self.model.fc(hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [.., Vd] (draft ids; `draft_target_ids` maps them)."""
         return self.logits_processor(self.lm_head, hidden_states)
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """The target id of every draft id (`vocab.target_ids` of the loaded d2t); None for the
+        full vocabulary."""
+        if self.draft_id_to_target_id is None:
+            return None
+        if self._target_ids is None:
+            self._target_ids = vocab.target_ids(self.draft_id_to_target_id.data)
+        return self._target_ids
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.model.named_parameters())
         loaded = set()
+        own = set()
         for name, w in weights:
+            if self.mtp.reduced_vocab and name in ("lm_head.weight", vocab.D2T, vocab.T2D):
+                if name == "lm_head.weight":
+                    getattr(self.lm_head.weight, "weight_loader", default_weight_loader)(self.lm_head.weight, w)
+                elif name == vocab.D2T:
+                    self.draft_id_to_target_id.data.copy_(w.long())
+                own.add(name)  # t2d: for training only
+                continue
             for param_name, shard_name, shard_id in _STACKED:
                 if shard_name in name:
                     key = name.replace(shard_name, param_name)
@@ -105,5 +131,10 @@ class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
         missing = sorted(set(params) - loaded - {"embed_tokens.weight"})
         if missing:
             raise ValueError(f"MTP checkpoint: missing tensors {missing}")
+        if self.mtp.reduced_vocab:
+            lost = sorted({"lm_head.weight", vocab.D2T} - own)
+            if lost:
+                raise ValueError(f"MTP checkpoint with a reduced draft vocabulary: missing tensors {lost}")
+            return {"model." + n for n in params} | {"lm_head.weight", "draft_id_to_target_id"}
         # Embeddings and LM head come from the target (shared after loading).
         return {"model." + n for n in params} | {"lm_head.weight"}

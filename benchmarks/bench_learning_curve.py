@@ -1,0 +1,197 @@
+"""Learning curve (issue 27, item 3): tau against training-data size for DSpark (baseline and the
+full recipe), our MTP (GLM-5.2 recipe: final-layer tap, KVShare, chain TV) and the EAGLE-3
+baseline, every provider at the same budget (steps x batch x blocks) at every size.
+
+Sizes are nested: size N trains on the first N samples of the data's shuffled training split
+(`train --train-samples`; the validation samples are the same for every run). tau is measured
+after training on `gen-data --for-eval` folders of prompts no draft is trained on (HumanEval,
+the held-out chat-code / chat-prose sets): the teacher-forced greedy accepted length of the first
+K drafts at `--anchors` random anchors per response (`train --eval-data --eval-drafts K`), which
+for T = 0 is what verification accepts at those anchors (a greedy chain's inputs equal the
+target's tokens wherever its drafts are accepted; the reference equals serving token for token,
+`tests/e2e`). Served tau at batch 16 for the largest size is the SmolLM2 table
+(`vllm-specx bench`, benchmarks/results/README.md).
+
+Runs are resumable: a run whose training.json exists is read, not re-run. `--jobs 2` trains two
+runs at once, one thread each.
+
+    .venv/bin/python benchmarks/bench_learning_curve.py --target smollm2 \
+        --data ~/.cache/vllm-specx/data/smollm2-chat-mix \
+        --eval-data ~/.cache/vllm-specx/data/eval-smollm2-humaneval \
+        --eval-data ~/.cache/vllm-specx/data/eval-smollm2-chat-code \
+        --eval-data ~/.cache/vllm-specx/data/eval-smollm2-chat-prose \
+        --sizes 704,2112,7040 --steps 300 --runs ~/.cache/vllm-specx/runs/learning-curve \
+        --out benchmarks/results/learning-curve-smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import provenance, write_report  # noqa: E402
+
+# Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
+PROVIDERS = {
+    "dspark-baseline": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
+                        "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor"],
+    "dspark-recipe": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
+                      "--markov-rank", "32", "--markov-head-type", "rnn", "--layout", "anchor",
+                      "--final-layer-tap", "--per-layer-fusion", "--slot-queries"],
+    "mtp-glm52": ["--method", "mtp", "--loss", "chain-tv", "--ce-weight", "0.1", "--kv-share", "on",
+                  "--drafts", "7"],
+    "eagle3": ["--method", "eagle3", "--loss", "ce", "--taps", "1,14,26", "--drafts", "7"],
+}
+
+
+def budget_flags(args) -> list[str]:
+    return ["--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+            "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", "1", "--dtype", "bfloat16",
+            "--val-samples", str(args.val_samples), "--val-every", str(args.steps),
+            "--save-every", str(args.steps), "--seed", str(args.seed), "--eval-drafts", str(args.k)]
+
+
+def command(args, provider: str, size: int, out: Path) -> list[str]:
+    evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
+    return [str(Path(sys.executable).parent / "vllm-specx"), "train", *PROVIDERS[provider],
+            "--target", args.target, "--data", str(args.data), "--out", str(out),
+            "--train-samples", str(size), *budget_flags(args), *evals,
+            *(["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab else [])]
+
+
+def run_all(args) -> list[dict]:
+    """Train every (provider, size) not yet trained, `--jobs` at a time; their records."""
+    todo = [(p, n) for n in args.sizes for p in args.providers]
+    pending, running = list(todo), []
+    args.runs.mkdir(parents=True, exist_ok=True)
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            p, n = pending.pop(0)
+            out = args.runs / f"{p}-{n}"
+            if (out / "training.json").is_file():
+                continue
+            log = open(args.runs / f"{p}-{n}.log", "w")
+            print(f"train {p} on {n} samples -> {out}", flush=True)
+            running.append((p, n, subprocess.Popen(command(args, p, n, out), stdout=log, stderr=subprocess.STDOUT)))
+        for item in list(running):
+            if item[2].poll() is not None:
+                running.remove(item)
+                if item[2].returncode:
+                    raise SystemExit(f"{item[0]} on {item[1]} samples failed: see {args.runs}/{item[0]}-{item[1]}.log")
+        time.sleep(2)
+    rows = []
+    for p, n in todo:
+        rec = json.loads((args.runs / f"{p}-{n}" / "training.json").read_text())
+        last = rec["log"][-1]
+        rows.append({"provider": p, "size": n, "train_samples": rec["train_samples"],
+                     "wall_s": rec["wall_s"], "val_tau_greedy": last.get("tau_greedy"),
+                     "val_tau_sampled": last.get("tau_sampled"),
+                     "eval": {k: {"tau": v["tau_greedy"], "tau_sampled": v.get("tau_sampled"),
+                                  "acceptance_per_pos": v["val_acc_per_pos"], "blocks": v["blocks"]}
+                              for k, v in rec.get("eval", {}).items()},
+                     "command": rec["command"]})
+    return rows
+
+
+def table(rows: list[dict], sets: list[str]) -> str:
+    head = "| provider | responses | " + " | ".join(f"τ {s}" for s in sets) + " | τ validation (chat-mix) | train s |"
+    lines = [head, "|" + "---|" * (4 + len(sets))]
+    for r in rows:
+        taus = " | ".join(f"{r['eval'][s]['tau']:.3f}" if s in r["eval"] else "-" for s in sets)
+        lines.append(f"| {r['provider']} | {r['size']} | {taus} | {r['val_tau_greedy']:.3f} | {r['wall_s']:.0f} |")
+    ratios = []
+    for s in sets:
+        for n in sorted({r["size"] for r in rows}):
+            by = {r["provider"]: r["eval"].get(s, {}).get("tau") for r in rows if r["size"] == n}
+            if by.get("eagle3"):
+                ratios.append(f"| {s} | {n} | " + " | ".join(
+                    f"{by[p] / by['eagle3']:.3f}" if by.get(p) else "-" for p in PROVIDERS if p != "eagle3") + " |")
+    if ratios:
+        lines += ["", "τ ratio against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):", "",
+                  "| set | responses | " + " | ".join(p for p in PROVIDERS if p != "eagle3") + " |",
+                  "|" + "---|" * (1 + len(PROVIDERS))] + ratios
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], sets: list[str], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], sets):
+        for p in PROVIDERS:
+            pts = sorted((r["size"], r["eval"][s]["tau"]) for r in rows if r["provider"] == p and s in r["eval"])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=p)
+        ax.set_xscale("log")
+        ax.set_xlabel("training responses")
+        ax.set_ylabel("τ (T = 0, K = 7)")
+        ax.set_title(s, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--data", type=Path, required=True, help="the training data folder (gen-data, with taps)")
+    ap.add_argument("--eval-data", type=Path, action="append", required=True,
+                    help="gen-data --for-eval folders (repeatable)")
+    ap.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",")], default=[704, 2112, 7040])
+    ap.add_argument("--providers", type=lambda t: t.split(","), default=list(PROVIDERS))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--anchors", type=int, default=24)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--val-samples", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-k", type=int, default=7, help="drafts per pass measured")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="a reduced draft vocabulary for every provider")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    unknown = [p for p in args.providers if p not in PROVIDERS]
+    if unknown:
+        raise SystemExit(f"--providers: unknown {unknown} (known: {list(PROVIDERS)})")
+    rows = run_all(args)
+    sets = list(dict.fromkeys(s for r in rows for s in r["eval"]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = provenance(torch.device("cpu"), args, budget=budget_flags(args),
+                      providers={p: PROVIDERS[p] for p in args.providers},
+                      data=json.loads((args.data / "meta.json").read_text()),
+                      eval_data={d.name: json.loads((d / "meta.json").read_text()) for d in args.eval_data})
+    meta["args"]["runs"] = "<runs>"
+    meta["args"]["data"] = f"<cache>/data/{args.data.name}"
+    meta["args"]["eval_data"] = [f"<cache>/data/{d.name}" for d in args.eval_data]
+    for r in rows:  # machine paths out of the recorded commands
+        r["command"] = r["command"].replace(str(args.data), f"<cache>/data/{args.data.name}")
+        for d in args.eval_data:
+            r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
+        r["command"] = r["command"].replace(str(args.runs), "<runs>")
+    text = table(rows, sets)
+    write_report({"meta": meta, "rows": rows}, args.out / "results.json", text)
+    (args.out / "results.md").write_text(
+        f"# Learning curve, {args.target}: τ (T = 0, K = {args.k}, teacher-forced greedy) against training data\n\n"
+        f"Budget per run: {' '.join(budget_flags(args))}\n\n{text}\n")
+    plot(rows, sets, args.out / "learning_curve.png",
+         f"{args.target}: τ vs training responses ({args.steps} steps × batch {args.batch} each)")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
