@@ -2,8 +2,10 @@
 full recipe), our MTP (GLM-5.2 recipe: final-layer tap, KVShare, chain TV) and the EAGLE-3
 baseline, every provider at the same budget (steps x batch x blocks) at every size.
 
-Sizes are nested: size N trains on the first N samples of the data's shuffled training split
-(`train --train-samples`; the validation samples are the same for every run). tau is measured
+Sizes are nested: size N trains on the N samples after the first `--val-samples` in the data's
+order (`train --train-samples`; the validation samples are the same for every run; chat-mix's
+prompt order is a seeded mix, so every prefix is representative). A run starts as soon as the
+data has taps for its prefix, so training overlaps a taps pass still running. tau is measured
 after training on `gen-data --for-eval` folders of prompts no draft is trained on (HumanEval,
 the held-out chat-code / chat-prose sets): the teacher-forced greedy accepted length of the first
 K drafts at `--anchors` random anchors per response (`train --eval-data --eval-drafts K`), which
@@ -12,8 +14,9 @@ target's tokens wherever its drafts are accepted; the reference equals serving t
 `tests/e2e`). Served tau at batch 16 for the largest size is the SmolLM2 table
 (`vllm-specx bench`, benchmarks/results/README.md).
 
-Runs are resumable: a run whose training.json exists is read, not re-run. `--jobs 2` trains two
-runs at once, one thread each.
+Runs are resumable: a run whose training.json exists is read, not re-run, and an interrupted run
+continues from its last trainer_state.pt (`train --resume`, every 100 steps). `--jobs 2` trains
+two runs at once, one thread each.
 
     .venv/bin/python benchmarks/bench_learning_curve.py --target smollm2 \
         --data ~/.cache/vllm-specx/data/smollm2-chat-mix \
@@ -55,28 +58,46 @@ def budget_flags(args) -> list[str]:
     return ["--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
             "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", "1", "--dtype", "bfloat16",
             "--val-samples", str(args.val_samples), "--val-every", str(args.steps),
-            "--save-every", str(args.steps), "--seed", str(args.seed), "--eval-drafts", str(args.k)]
+            "--save-every", str(min(100, args.steps)), "--seed", str(args.seed), "--eval-drafts", str(args.k)]
 
 
 def command(args, provider: str, size: int, out: Path) -> list[str]:
     evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
     return [str(Path(sys.executable).parent / "vllm-specx"), "train", *PROVIDERS[provider],
             "--target", args.target, "--data", str(args.data), "--out", str(out),
-            "--train-samples", str(size), *budget_flags(args), *evals,
+            "--train-samples", str(size), *budget_flags(args), *evals, "--resume",
             *(["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab else [])]
 
 
 def run_all(args) -> list[dict]:
-    """Train every (provider, size) not yet trained, `--jobs` at a time; their records."""
-    todo = [(p, n) for n in args.sizes for p in args.providers]
+    """Train every (provider, size) not yet trained, `--jobs` at a time (`--report-only`: none);
+    the records of the finished ones."""
+    from vllm_specx.training.data import load_samples
+
+    if args.report_only:
+        return rows_of(args, [(p, n) for n in sorted(args.sizes) for p in args.providers
+                              if (args.runs / f"{p}-{n}" / "training.json").is_file()])
+
+    def complete(d: Path) -> bool:  # every response of an eval folder has its taps
+        return len(load_samples(d)) == sum(1 for _ in open(d / "tokens.jsonl"))
+
+    while not all(complete(d) for d in args.eval_data):
+        print("waiting for the eval folders' taps", flush=True)
+        time.sleep(30)
+    todo = [(p, n) for n in sorted(args.sizes) for p in args.providers]
     pending, running = list(todo), []
     args.runs.mkdir(parents=True, exist_ok=True)
     while pending or running:
+        have = len(load_samples(args.data))  # samples with taps so far
         while pending and len(running) < args.jobs:
-            p, n = pending.pop(0)
+            p, n = pending[0]
             out = args.runs / f"{p}-{n}"
             if (out / "training.json").is_file():
+                pending.pop(0)
                 continue
+            if have < args.val_samples + n:
+                break  # its prefix has no taps yet: wait for the taps pass
+            pending.pop(0)
             log = open(args.runs / f"{p}-{n}.log", "w")
             print(f"train {p} on {n} samples -> {out}", flush=True)
             running.append((p, n, subprocess.Popen(command(args, p, n, out), stdout=log, stderr=subprocess.STDOUT)))
@@ -85,9 +106,13 @@ def run_all(args) -> list[dict]:
                 running.remove(item)
                 if item[2].returncode:
                     raise SystemExit(f"{item[0]} on {item[1]} samples failed: see {args.runs}/{item[0]}-{item[1]}.log")
-        time.sleep(2)
+        time.sleep(10)
+    return rows_of(args, todo)
+
+
+def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
     rows = []
-    for p, n in todo:
+    for p, n in runs:
         rec = json.loads((args.runs / f"{p}-{n}" / "training.json").read_text())
         last = rec["log"][-1]
         rows.append({"provider": p, "size": n, "train_samples": rec["train_samples"],
@@ -164,6 +189,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: the report of the runs finished so far (a partial curve)")
     args = ap.parse_args()
     unknown = [p for p in args.providers if p not in PROVIDERS]
     if unknown:
@@ -183,7 +210,10 @@ def main() -> None:
         for d in args.eval_data:
             r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
         r["command"] = r["command"].replace(str(args.runs), "<runs>")
-    text = table(rows, sets)
+    missing = [f"{p}-{n}" for n in args.sizes for p in args.providers
+               if not any(r["provider"] == p and r["size"] == n for r in rows)]
+    meta["not_run_yet"] = missing
+    text = table(rows, sets) + (f"\n\nNot run yet (the curve is partial): {', '.join(missing)}" if missing else "")
     write_report({"meta": meta, "rows": rows}, args.out / "results.json", text)
     (args.out / "results.md").write_text(
         f"# Learning curve, {args.target}: τ (T = 0, K = {args.k}, teacher-forced greedy) against training data\n\n"

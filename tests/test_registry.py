@@ -159,3 +159,25 @@ def test_toy_method_is_listed(toy, capsys):
 def test_unregistered_checkpoint_is_refused_by_check(toy_dir):
     with pytest.raises(SystemExit, match="not a checkpoint of any vllm-specx method"):
         cli.main(["check", str(toy_dir), "--target", str(REF_TARGET)])
+
+
+def test_one_decoder_block_field_list():
+    """The block fields a one-layer draft reads from its target are the ones its config.json
+    writes (MTP and EAGLE-3 alike): one list, `checkpoint.DECODER_BLOCK_FIELDS`."""
+    import json
+
+    from vllm_specx.checkpoint import DECODER_BLOCK_FIELDS, decoder_block_fields
+    from vllm_specx.methods.eagle3.config import Eagle3Config
+    from vllm_specx.methods.mtp.checkpoint import config_json
+    from vllm_specx.methods.mtp.config import MTPDraftConfig
+
+    from .helpers import REF_TARGET
+
+    target = json.loads((REF_TARGET / "config.json").read_text())
+    read = decoder_block_fields(target)
+    assert set(read) == set(DECODER_BLOCK_FIELDS) | {"target_hidden_size"}
+    mtp = config_json(MTPDraftConfig.for_target(target))
+    eagle = Eagle3Config.for_target(target, (1, 4, 6)).vllm_config_json()
+    for written in (mtp, eagle):
+        assert {f: written[f] for f in DECODER_BLOCK_FIELDS} == {f: read[f] for f in DECODER_BLOCK_FIELDS}
+        assert written["num_hidden_layers"] == 1 and written["rope_parameters"]["rope_theta"] == read["rope_theta"]

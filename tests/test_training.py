@@ -220,8 +220,8 @@ def test_dspark_mask_token_default_for_a_tokenizer_without_one(tmp_path, special
 
 
 def test_train_samples_and_eval_data(tmp_path):
-    """`--train-samples N` trains on the first N of the shuffled training split (same validation
-    samples); `--eval-data` records tau on a `gen-data --for-eval` folder, which `--data` refuses."""
+    """`--train-samples N` splits in data order: the same validation samples, the next N train;
+    `--eval-data` records tau on a `gen-data --for-eval` folder, which `--data` refuses."""
     from vllm_specx.training import trainer
 
     data = _data(tmp_path)
@@ -235,14 +235,15 @@ def test_train_samples_and_eval_data(tmp_path):
     small = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "a", "--mask-token-id", "2",
                                                          "--train-samples", "5", "--eval-data", str(ev),
                                                          "--eval-drafts", "3")))
-    full = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "b", "--mask-token-id", "2")))
-    assert small["train_samples"] == 5 and full["train_samples"] == 20
-    assert small["val_prompt_ids"] == full["val_prompt_ids"]
+    more = trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "b", "--mask-token-id", "2",
+                                                        "--train-samples", "12")))
+    assert small["train_samples"] == 5 and more["train_samples"] == 12
+    assert small["val_prompt_ids"] == more["val_prompt_ids"] == [0, 1, 2, 3]  # data order: the first 4
     got = small["eval"]["ev"]
     assert got["samples"] == 6 and got["blocks"] > 0 and 1.0 <= got["tau_greedy"] <= 4.0
     assert len(got["val_acc_per_pos"]) == 3 and got["prompts"] is None  # --eval-drafts 3 of 8
     with pytest.raises(SystemExit, match="--for-eval"):
         trainer.train(trainer.parse_args(_train_argv("dspark", ev, tmp_path / "c", "--mask-token-id", "2")))
-    with pytest.raises(SystemExit, match="--train-samples 99"):
+    with pytest.raises(SystemExit, match="--train-samples 99: the data holds 24 samples"):
         trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "c", "--mask-token-id", "2",
                                                      "--train-samples", "99")))

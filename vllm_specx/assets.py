@@ -10,15 +10,16 @@ with an installed vllm-specx. Nothing in the serving path reads assets.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from vllm_specx import envs
 
 ENV = "VLLM_SPECX_ASSETS"
 
 
 def root() -> Path:
     """The assets folder: `$VLLM_SPECX_ASSETS`, else `assets/` of the source checkout."""
-    env = os.environ.get(ENV)
+    env = envs.get(ENV)
     path = Path(env) if env else Path(__file__).resolve().parent.parent / "assets"
     if not path.is_dir():
         raise FileNotFoundError(

@@ -270,6 +270,22 @@ def from_aux_ids(aux_ids) -> list[int]:
     return [int(i) - 1 for i in aux_ids]
 
 
+# The decoder-block shape fields a one-layer draft (MTP, EAGLE-3) shares with its target: read from
+# the target by `decoder_block_fields`, written to the draft's config.json by `one_layer_llama_config`.
+DECODER_BLOCK_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                        "intermediate_size", "rms_norm_eps", "vocab_size", "rope_theta",
+                        "max_position_embeddings")
+
+
+def one_layer_llama_config(cfg) -> dict[str, Any]:
+    """The Llama config.json keys of a one-layer draft whose config has `DECODER_BLOCK_FIELDS`
+    (what vLLM's draft-model plumbing parses): the block's shapes, one layer, silu, untied."""
+    out = {"model_type": "llama", "num_hidden_layers": 1, "hidden_act": "silu", "tie_word_embeddings": False,
+           **{f: getattr(cfg, f) for f in DECODER_BLOCK_FIELDS}}
+    out["rope_parameters"] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+    return out
+
+
 def decoder_block_fields(target: dict[str, Any]) -> dict[str, Any]:
     """The decoder-block shape fields a one-layer draft copies from its target's HF config (as a
     dict): hidden size, heads, head dim, MLP width, norm eps, vocab, RoPE base, max positions."""

@@ -134,3 +134,48 @@ def chain_step_attention(q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tens
     w = torch.softmax(torch.cat([sc, so], -1).float(), -1).to(q.dtype)
     s = k_ctx.shape[1]
     return torch.einsum("bmhs,bshd->bmhd", w[..., :s], v_ctx) + torch.einsum("bmhj,bmjhd->bmhd", w[..., s:], vo)
+
+
+def unroll_chain(step0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, ids: torch.Tensor,
+                 anchors: torch.Tensor, n: int, step, logits_of, rep: int, own_kv: bool,
+                 chain_tokens: str = "target", target_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The recurrent chain of a one-layer drafter (MTP, EAGLE-3) unrolled for M anchors per
+    sequence in parallel: the one chain loop the MTP layer and the EAGLE-3 baseline share.
+
+    Step 0 ran at every position (`step0` [B, S, H] its outputs, `k0`, `v0` [B, S, kv_heads, hd]
+    its keys/values: the draft's KV cache from the target's hidden states). For each anchor a
+    ([B, M], 1 <= a), draft 1 is read from step 0's output at p = a - 1; step j >= 1 takes
+    token x_{a+j} (`chain_tokens="target"`: ids [B, S], -100 = padding) or the previous draft
+    ("draft": its argmax, mapped to a target id through `target_ids` for a reduced draft
+    vocabulary) and the previous step's output, at RoPE position p + j, and attends to step 0's
+    keys at positions <= p plus, when `own_kv`, its own chain's keys of steps 1..j (mixed KV;
+    without it, KVShare: step 0's key set only).
+
+    `step(tok [B, M], g [B, M, H], pos [B, M]) -> (q [B, M, h, hd], k, v [B, M, kvh, hd], carry)`
+    and its `finish(attn [B, M, h*hd], carry) -> g` are the method's layer; `logits_of(g)` its head.
+    Returns logits [B, M, n, V].
+    """
+    from vllm_specx import vocab
+
+    step_fn, finish = step
+    b, m = anchors.shape
+    p = anchors - 1  # step 0's position for each chain
+    bi = torch.arange(b, device=ids.device)[:, None]
+    g = step0[bi, p]  # [B, M, H]
+    logits = [logits_of(g)]
+    s = ids.shape[1]
+    ctx_mask = torch.arange(s, device=ids.device)[None, None, :] <= p[..., None]  # [B, M, S]
+    kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
+    own_k, own_v = [], []  # stay empty with KVShare
+    for j in range(1, n):
+        if chain_tokens == "draft":
+            tok = vocab.to_target(logits[-1].detach().argmax(-1), target_ids)
+        else:
+            tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
+        q, k, v, carry = step_fn(tok, g, p + j)
+        if own_kv:
+            own_k.append(k.repeat_interleave(rep, -2))
+            own_v.append(v.repeat_interleave(rep, -2))
+        g = finish(chain_step_attention(q, kc, vc, ctx_mask, own_k, own_v).flatten(-2), carry)
+        logits.append(logits_of(g))
+    return torch.stack(logits, 2)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from vllm_specx import envs
 
 MANIFEST = "specx-target.json"
 CACHE_ENV = "VLLM_SPECX_CACHE"
@@ -100,7 +101,7 @@ def get(name: str) -> Target:
 def cache_root() -> Path:
     """Where vllm-specx keeps what it makes outside a work tree (targets, training data):
     `$VLLM_SPECX_CACHE`, else `~/.cache/vllm-specx`."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm-specx")
+    return Path(envs.get(CACHE_ENV) or Path.home() / ".cache" / "vllm-specx")
 
 
 def cache_dir() -> Path:

@@ -124,3 +124,38 @@ def coverage(tokens: torch.Tensor, t2d: torch.Tensor) -> float:
     """Share of `tokens` (target ids, e.g. the target's greedy outputs) inside the draft vocabulary."""
     tokens = tokens.flatten()
     return float(t2d[tokens].float().mean()) if tokens.numel() else float("nan")
+
+
+def add_output_head(module: torch.nn.Module, lm_head: torch.Tensor, vocab_size: int, draft_vocab_size: int,
+                    draft_vocab: torch.Tensor | Iterable[int] | None = None) -> None:
+    """A draft module's output head, as every method's reference keeps it: the target's LM head
+    [V, H] (not saved: the target's), or for a reduced draft vocabulary (`draft_vocab_size` <
+    `vocab_size`) the rows of `draft_vocab` (its target ids; None: placeholders a checkpoint
+    fills) as `lm_head` [Vd, H] with the maps `d2t` and `t2d`, all saved with the draft."""
+    if draft_vocab_size < vocab_size:
+        ids = (torch.arange(draft_vocab_size) if draft_vocab is None
+               else torch.as_tensor(list(draft_vocab) if not isinstance(draft_vocab, torch.Tensor) else draft_vocab,
+                                    dtype=torch.long).sort().values)
+        d2t, t2d = maps(ids, vocab_size)
+        module.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
+        module.register_buffer(D2T, d2t)
+        module.register_buffer(T2D, t2d)
+    else:
+        module.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)  # [V, H]
+        module.d2t = module.t2d = None
+
+
+class ServedVocabMap:
+    """For a draft model served in vLLM: `draft_target_ids`, the target id of every draft id from
+    the loaded `draft_id_to_target_id` (vLLM's name for d2t); None for the full vocabulary."""
+
+    _target_ids: torch.Tensor | None = None
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        d2t = getattr(self, "draft_id_to_target_id", None)
+        if d2t is None:
+            return None
+        if self._target_ids is None:
+            self._target_ids = target_ids(d2t.data)
+        return self._target_ids

@@ -3,8 +3,8 @@ provider of the plan at every batch size, temperature and K yields a complete ro
 counters, and the JSON, the table and the four plots are written and well formed. Figures are not
 asserted here (they live in benchmarks/results/).
 
-The e2e tier runs a small plan (no-spec, vLLM n-gram and the committed vllm-specx draft at batch 1,
-T = 0 and 1, no sweep: 3 engines); the full tier the grid (vLLM's built-in EAGLE-3 with a random
+The full tier runs a small plan (no-spec, vLLM n-gram and the committed vllm-specx draft at batch 1,
+T = 0 and 1, no sweep: 3 engines) and the grid (vLLM's built-in EAGLE-3 with a random
 head as well, batch 1 and 2, a sweep of K: 11 engines)."""
 
 import json
@@ -99,6 +99,7 @@ def _check_report(out, rep, proc, n_rows):
     assert (out / "tau.png").read_bytes().startswith(PNG) and (out / "results.md").read_text() == md
 
 
+@pytest.mark.full  # tooling, not a serving guarantee: the e2e tier keeps one engine per guarantee
 def test_small_plan_rows_table_and_plots(small_report):
     out, rep, proc = small_report
     _check_rows(rep["rows"], ("ngram", "specx-dspark"), (1,))

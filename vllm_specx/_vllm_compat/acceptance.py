@@ -5,8 +5,8 @@ for which sampler verifies a routed method's drafts (`VLLM_SPECX_SAMPLER`)."""
 from __future__ import annotations
 
 import inspect
-import os
 
+from vllm_specx import envs
 from vllm_specx._vllm_compat import Blank, logger, patch, probe, resolve
 from vllm_specx._vllm_compat.cpu_expand import REPAIR_ENV, repair_enabled
 
@@ -54,10 +54,7 @@ def rejection_sample_seam(orig):
 
 
 def sampler_choice() -> str:
-    choice = os.environ.get(SAMPLER_ENV, "specx")
-    if choice not in ("specx", "vllm"):
-        raise ValueError(f"{SAMPLER_ENV}={choice!r}: expected 'specx' or 'vllm'")
-    return choice
+    return envs.get(SAMPLER_ENV)
 
 
 def make_rejection_sampler(runner, vllm_config):
@@ -82,6 +79,7 @@ def _probe_acceptance():
     answers with vllm-specx's acceptance op (all-greedy batch: drafts [5, 7] against target
     argmaxes [5, 3] give [5, 3, -1]; the op's answer is the one recorded)."""
     import torch
+
     from vllm_specx.sample import rejection_sampler as ours
 
     fn = resolve(_TARGET)[2]

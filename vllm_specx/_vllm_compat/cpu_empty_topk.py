@@ -12,10 +12,9 @@ repair returns the logits as they are; every other input goes to vLLM's function
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from vllm_specx import envs
 from vllm_specx._vllm_compat import Blank, patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EMPTY_TOPK"
@@ -23,7 +22,7 @@ TARGET = "vllm.v1.sample.rejection_sampler:apply_sampling_constraints"
 
 
 def repair_enabled() -> bool:
-    if os.environ.get(REPAIR_ENV, "1") == "0":
+    if envs.get(REPAIR_ENV) == "0":
         return False
     from vllm.platforms import current_platform
 

@@ -3,10 +3,9 @@ writes float outputs into a temporary int64 tensor; ours writes every dtype in p
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from vllm_specx import envs
 from vllm_specx._vllm_compat import patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EXPAND"
@@ -15,7 +14,7 @@ _EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 
 def repair_enabled() -> bool:
-    return os.environ.get(REPAIR_ENV, "1") != "0"
+    return envs.get(REPAIR_ENV) != "0"
 
 
 @patch("repair-cpu-expand", TARGET, wrap=False,

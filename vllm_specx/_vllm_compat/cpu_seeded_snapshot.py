@@ -16,11 +16,10 @@ vLLM.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
+from vllm_specx import envs
 from vllm_specx._vllm_compat import Blank, ProbeReached, patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_SEEDED"
@@ -29,7 +28,7 @@ _STATES = "_specx_discarded_generator_states"  # runner attribute: {batch index:
 
 
 def repair_enabled() -> bool:
-    if os.environ.get(REPAIR_ENV, "1") == "0":
+    if envs.get(REPAIR_ENV) == "0":
         return False
     from vllm.platforms import current_platform
 

@@ -206,6 +206,16 @@ def taps_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def taps_path(device: str) -> str:
+    """Which path computes the taps, for the log: always a second forward in transformers (on
+    `device`) in this version. vLLM's own hidden-state export (its `extract_hidden_states`
+    drafter with a KV connector, CUDA only) would save that forward on a GPU; it is not wired in
+    (no GPU run has been possible here), so the message says why it did not run."""
+    why = ("vLLM's extract_hidden_states export needs CUDA" if not device.startswith("cuda")
+           else "vLLM's extract_hidden_states export is not wired into gen-data yet")
+    return f"a second forward in transformers ({why})"
+
+
 def _shard_file(out: Path, first_id, index: int) -> Path:
     """A taps shard's file, named by its first sample's id (a number), or by its first row's
     index when ids are text (a user's prompt file)."""
@@ -467,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
                         ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
     print(f"data: {out}")
     if taps:
-        print(f"taps: {len(taps)} layers on {args.device} in {args.dtype}")
+        print(f"taps: {len(taps)} layers on {args.device} in {args.dtype}, by {taps_path(args.device)}")
         write_taps(target, out, taps, topk=args.topk, dtype=args.dtype, device=args.device)
     elif args.topk:
         raise ValueError("--topk needs --taps (they are stored together)")

@@ -184,8 +184,9 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
                     help="a trained draft: train and validate only on samples whose prompts its training "
                          "data did not hold (a head added to that draft then learns how it does on new prompts)")
     ap.add_argument("--train-samples", type=int, default=None,
-                    help="train on the first N samples of the shuffled training split (a learning "
-                         "curve's sizes are nested prefixes; the validation samples are the same)")
+                    help="split in the data's order: the first --val-samples samples validate, the "
+                         "next N train (a learning curve's sizes are nested; default: a seeded "
+                         "shuffle of all samples)")
     ap.add_argument("--eval-data", action="append", default=[],
                     help="a `gen-data --for-eval` folder (repeatable): after training, the draft's "
                          "teacher-forced greedy tau and per-position acceptance on all its samples "
@@ -280,13 +281,11 @@ def train(args: argparse.Namespace) -> dict:
     pool = usable(samples, meta, args.unseen_by)
     if len(pool) <= args.val_samples:
         raise SystemExit(f"--data {args.data}: {len(pool)} usable samples, not more than --val-samples {args.val_samples}")
-    val_idx, train_idx = split(len(pool), args.val_samples, rng)
-    val_idx, train_idx = [pool[i] for i in val_idx], [pool[i] for i in train_idx]
-    if args.train_samples is not None:
-        if args.train_samples > len(train_idx):
-            raise SystemExit(f"--train-samples {args.train_samples}: the data holds {len(train_idx)} "
-                             f"training samples (after {args.val_samples} validation samples)")
-        train_idx = train_idx[: args.train_samples]
+    if args.train_samples is None:
+        val_idx, train_idx = split(len(pool), args.val_samples, rng)
+        val_idx, train_idx = [pool[i] for i in val_idx], [pool[i] for i in train_idx]
+    else:  # data order: the same validation samples and nested training sets for every N
+        val_idx, train_idx = data_order_split(samples, pool, args.val_samples, args.train_samples)
     val, train_set = samples.subset(val_idx), samples.subset(train_idx)
     model = h.build(target, args, meta, *embed_and_head(target)).to(device)
     del target
@@ -449,6 +448,19 @@ def usable(samples, data_meta: dict, unseen_by: str | None) -> list[int]:
         raise SystemExit(f"--unseen-by {unseen_by}: trained on prompts {spec!r}, this data on "
                          f"{data_meta.get('prompts')!r}; prompt ids of different sets cannot be compared")
     return [i for i in range(len(samples)) if samples.index[i][1] not in ids]
+
+
+def data_order_split(samples, pool: list[int], val_samples: int, n: int) -> tuple[list[int], list[int]]:
+    """`--train-samples N`: (validation, training) sample indices in the data's order (gen-data
+    writes answers in prompt order): the first `val_samples` samples validate, the next N train.
+    Every N gets the same validation samples and nested training sets, and a run needs taps only
+    for that prefix (a data set whose prompt order is a mix, like chat-mix, gives representative
+    prefixes)."""
+    order = sorted(pool, key=lambda i: samples.index[i][1])  # by sample id: prompt order
+    if val_samples + n > len(order):
+        raise SystemExit(f"--train-samples {n}: the data holds {len(order)} samples with taps, fewer "
+                         f"than {val_samples} validation + {n} training samples")
+    return order[:val_samples], order[val_samples: val_samples + n]
 
 
 def split(n: int, val_samples: int, rng: random.Random) -> tuple[list[int], list[int]]:

@@ -32,13 +32,14 @@ takes them out before vLLM's validation (`vllm_specx.adaptive.config`).
 
 from __future__ import annotations
 
-import os
-
-from vllm_specx import registry
+from vllm_specx import envs, registry
 from vllm_specx.methods.dspark.checkpoint import METHOD_NAME, detect, read_config
 from vllm_specx.methods.dspark.config import SPECX_DSPARK_ARCH, DSparkDraftConfig
 
 UPSTREAM_ENV = "VLLM_SPECX_UPSTREAM_DSPARK"  # "auto" (default) | "specx" | "vllm"
+envs.register(UPSTREAM_ENV, envs.Switch(
+    "auto", ("auto", "specx", "vllm"), "who serves a speculators-format DSpark checkpoint: auto (ours "
+    "on vLLM's V1 runner, vLLM's own on V2), always ours, always vLLM's", "vllm_specx.methods.dspark"))
 
 
 def defer_to_vllm(fmt: str, requested: str | None, v2_would_run: bool) -> bool:
@@ -48,9 +49,7 @@ def defer_to_vllm(fmt: str, requested: str | None, v2_would_run: bool) -> bool:
     no `method` given, vLLM's own detection keeps them."""
     if fmt != "speculators":
         return False
-    choice = os.environ.get(UPSTREAM_ENV, "auto")
-    if choice not in ("auto", "specx", "vllm"):
-        raise ValueError(f"{UPSTREAM_ENV}={choice!r}: expected auto, specx or vllm")
+    choice = envs.get(UPSTREAM_ENV)
     return requested is None or choice == "vllm" or (choice == "auto" and v2_would_run)
 
 

@@ -240,15 +240,7 @@ class DSparkDraft(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)  # [V, H]
-        if cfg.reduced_vocab:
-            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
-                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
-            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
-            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H], saved
-            self.register_buffer("d2t", d2t)
-            self.register_buffer("t2d", t2d)
-        else:
-            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)  # [V, H]
+        vocab.add_output_head(self, lm_head, cfg.vocab_size, cfg.draft_vocab_size, draft_vocab)
         h = cfg.hidden_size
         self.fc = nn.Linear(cfg.target_hidden_size * len(cfg.target_layer_ids), h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)

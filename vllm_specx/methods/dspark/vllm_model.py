@@ -75,7 +75,7 @@ def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: i
     return all_kv[0], all_kv[1]
 
 
-class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
+class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if not grouped_rms_norm_ok():
@@ -86,7 +86,6 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         # A reduced draft vocabulary brings its own lm_head rows (vLLM's DFlash model builds it at
         # draft_vocab_size); the proposer must not swap in the target's [V, H] one.
         self.has_own_lm_head = cfg.reduced_vocab
-        self._target_ids = None
         dtype = vllm_config.model_config.dtype
         self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank,
                                       cfg.hidden_size, cfg.markov_head_type).to(dtype).requires_grad_(False)
@@ -156,15 +155,6 @@ class SpecxDSparkForCausalLM(DFlashQwen3ForCausalLM):
         reduced vocabulary's to [.., V] with -inf; the draft loop maps its picks instead)."""
         return self.logits_processor(self.lm_head, hidden_states)
 
-    @property
-    def draft_target_ids(self) -> torch.Tensor | None:
-        """The target id of every draft id (`vocab.target_ids` of the loaded d2t); None for the
-        full vocabulary."""
-        if self.draft_id_to_target_id is None:
-            return None
-        if self._target_ids is None:
-            self._target_ids = vocab.target_ids(self.draft_id_to_target_id.data)
-        return self._target_ids
 
     def markov_stepper(self, slot_hidden: torch.Tensor):
         """`markov_step` for `model.sequential_drafts` over the sample slots' post-norm states

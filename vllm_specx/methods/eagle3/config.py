@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_specx.checkpoint import decoder_block_fields, from_aux_ids, to_aux_ids
+from vllm_specx.checkpoint import decoder_block_fields, from_aux_ids, one_layer_llama_config, to_aux_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +100,8 @@ class Eagle3Config:
 
     def vllm_config_json(self) -> dict[str, Any]:
         """The config.json vLLM's built-in `eagle3` method loads (`LlamaForCausalLMEagle3`)."""
-        return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                "hidden_size": self.hidden_size, "num_hidden_layers": 1,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-                "intermediate_size": self.intermediate_size, "rms_norm_eps": self.rms_norm_eps,
-                "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
-                "max_position_embeddings": self.max_position_embeddings, "rope_theta": self.rope_theta,
-                "hidden_act": "silu", "tie_word_embeddings": False,
-                "target_hidden_size": self.target_hidden_size,
+        return {"architectures": ["LlamaForCausalLMEagle3"], **one_layer_llama_config(self),
+                "draft_vocab_size": self.draft_vocab_size, "target_hidden_size": self.target_hidden_size,
                 "num_aux_hidden_states": len(self.target_layer_ids),
                 "eagle_aux_hidden_state_layer_ids": to_aux_ids(self.target_layer_ids),
                 "specx": {"trained_by": "vllm-specx", "target_layer_ids": list(self.target_layer_ids)}}

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_specx import vocab
-from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rope
+from vllm_specx.layers import RMSNorm, causal_gqa, rope, unroll_chain
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
 
@@ -46,16 +46,7 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
-        if cfg.reduced_vocab:
-            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
-                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
-            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
-            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
-            self.register_buffer("d2t", d2t)
-            self.register_buffer("t2d", t2d)
-        else:
-            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
-            self.d2t = self.t2d = None
+        vocab.add_output_head(self, lm_head, cfg.vocab_size, cfg.draft_vocab_size, draft_vocab)
         h, hd = cfg.hidden_size, cfg.head_dim
         self.fc = nn.Linear(cfg.target_hidden_size * len(cfg.target_layer_ids), h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
@@ -143,28 +134,10 @@ class Eagle3Draft(nn.Module):
         the previous draft ("draft")."""
         c = self.cfg
         out0, k0, v0 = self.context(taps, ids)
-        b, m = anchors.shape
-        p = anchors - 1  # step 0's position for each chain
-        bi = torch.arange(b, device=ids.device)[:, None]
-        g = out0[bi, p]  # [B, M, H]
-        logits = [self.logits(g)]
-        s = ids.shape[1]
-        ctx_mask = torch.arange(s, device=ids.device)[None, None, :] <= p[..., None]  # [B, M, S]
-        rep = c.num_attention_heads // c.num_key_value_heads
-        kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
-        own_k, own_v = [], []
-        for j in range(1, n):
-            if chain_tokens == "draft":
-                tok = vocab.to_target(logits[-1].detach().argmax(-1), self.draft_target_ids)
-            else:
-                tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
-            q, k, v = self._qkv(tok, g, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
-            own_k.append(k.repeat_interleave(rep, -2))
-            own_v.append(v.repeat_interleave(rep, -2))
-            o = chain_step_attention(q, kc, vc, ctx_mask, own_k, own_v)
-            g = self._finish(o.flatten(-2), g)
-            logits.append(self.logits(g))
-        return torch.stack(logits, 2)
+        return unroll_chain(out0, k0, v0, ids, anchors, n,
+                            (lambda tok, g, pos: (*self._qkv(tok, g, pos), g), self._finish), self.logits,
+                            c.num_attention_heads // c.num_key_value_heads, own_kv=True,
+                            chain_tokens=chain_tokens, target_ids=self.draft_target_ids)
 
     @torch.no_grad()
     def greedy_drafts(self, taps: torch.Tensor, ids: torch.Tensor, n: int) -> list[int]:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from vllm_specx.checkpoint import (dtype_name, load_tensors, read_config_json, save_tensors, specx_block,
-                                   write_config_json)
+from vllm_specx.checkpoint import (dtype_name, load_tensors, one_layer_llama_config, read_config_json,
+                                   save_tensors, specx_block, write_config_json)
 from vllm_specx.methods.mtp.config import SPECX_MTP_ARCH, MTPDraftConfig
 
 METHOD_NAME = "mtp"
@@ -50,14 +50,7 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> MTPDraftConf
 
 
 def config_json(cfg: MTPDraftConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    return {"architectures": [SPECX_MTP_ARCH], "model_type": "llama", "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": 1, "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-            "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
-            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
-            "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
-            "rope_theta": cfg.rope_theta, "hidden_act": "silu", "tie_word_embeddings": False,
-            "torch_dtype": dtype_name(dtype),
+    return {"architectures": [SPECX_MTP_ARCH], **one_layer_llama_config(cfg), "torch_dtype": dtype_name(dtype),
             "specx": {"method": METHOD_NAME, "format_version": FORMAT_VERSION, "trained_by": "vllm-specx",
                       **{k: v for k, v in cfg.to_dict().items() if k in _FIELDS}}}
 

@@ -45,7 +45,7 @@ from torch import nn
 
 from vllm_specx.checkpoint import load_tensors
 from vllm_specx.layers import rms_norm
-from vllm_specx.ops.dsa_indexer import prepare_indexer_k, prepare_indexer_q, prepare_indexer_weights
+from vllm_specx.ops.dsa_indexer import IndexShareCache, prepare_indexer_k, prepare_indexer_q, prepare_indexer_weights
 from vllm_specx.ops.topk import topk as topk_op
 
 NATIVE_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
@@ -220,10 +220,11 @@ class Glm5MTPLayer(nn.Module):
         keys = self._keys(x0, pos)
         qn, qr, iq, iw = self._queries(x0, pos)
         causal = torch.ones(a, a, dtype=torch.bool).tril()
-        sel0 = self.indexer_topk(iq, iw, keys["ikey"], causal)
+        share = IndexShareCache()  # step 0's top-k of the anchor's row, reused by later steps
+        sel0 = share.get_or_compute(0, lambda: self.indexer_topk(iq, iw, keys["ikey"], causal),
+                                    keep_rows=torch.tensor([a - 1]))
         g = self._finish(u0, self._attend(qn, qr, keys, sel0))[a - 1:a]
         out = [g @ self.head.t()]
-        shared_sel = sel0[a - 1:a]
         for j in range(1, n):
             tok = torch.tensor([drafts[j - 1]]) if drafts else out[-1].argmax(-1)
             p = torch.tensor([a - 1 + j])
@@ -235,7 +236,7 @@ class Glm5MTPLayer(nn.Module):
                 keys = {k: torch.cat([keys[k], own[k]]) for k in keys}
             visible = torch.ones(1, keys["lat"].shape[0], dtype=torch.bool)
             if index_share:
-                sel = shared_sel
+                sel = share.get_or_compute(j, lambda: None)
                 self.stats["indexer_rows_skipped"] += 1
             else:
                 sel = self.indexer_topk(iq, iw, keys["ikey"], visible)

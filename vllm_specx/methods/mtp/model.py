@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_specx import vocab
-from vllm_specx.layers import RMSNorm, causal_gqa, chain_step_attention, rms_norm, rope
+from vllm_specx.layers import RMSNorm, causal_gqa, rms_norm, rope, unroll_chain
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 
 
@@ -67,16 +67,7 @@ class MTPDraft(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
-        if cfg.reduced_vocab:  # its own rows of the target's LM head, saved with the maps
-            ids = (torch.arange(cfg.draft_vocab_size) if draft_vocab is None
-                   else torch.as_tensor(draft_vocab, dtype=torch.long).sort().values)
-            d2t, t2d = vocab.maps(ids, cfg.vocab_size)
-            self.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
-            self.register_buffer("d2t", d2t)
-            self.register_buffer("t2d", t2d)
-        else:
-            self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
-            self.d2t = self.t2d = None
+        vocab.add_output_head(self, lm_head, cfg.vocab_size, cfg.draft_vocab_size, draft_vocab)
         h, hd = cfg.hidden_size, cfg.head_dim
         eps = cfg.rms_norm_eps
         self.enorm, self.hnorm = RMSNorm(h, eps), RMSNorm(h, eps)
@@ -190,29 +181,14 @@ class MTPDraft(nn.Module):
         c = self.cfg
         kv_share = c.kv_share if kv_share is None else kv_share
         g0, k0, v0 = self.context(hidden, ids)
-        b, m = anchors.shape
-        p = anchors - 1  # step 0's position for each chain
-        bi = torch.arange(b, device=ids.device)[:, None]
-        g = g0[bi, p]  # [B, M, H]
-        logits = [self.logits(g)]
-        s = ids.shape[1]
-        ctx_mask = torch.arange(s, device=ids.device)[None, None, :] <= p[..., None]  # [B, M, S]
-        rep = c.num_attention_heads // c.num_key_value_heads
-        kc, vc = k0.repeat_interleave(rep, 2), v0.repeat_interleave(rep, 2)  # [B, S, h, hd]
-        own_k, own_v = [], []  # stay empty with KVShare: step 0's key set only
-        for j in range(1, n):
-            if chain_tokens == "draft":
-                tok = vocab.to_target(logits[-1].detach().argmax(-1), self.draft_target_ids)
-            else:
-                tok = ids[bi, (anchors + j).clamp(max=s - 1)].clamp(min=0)
+
+        def step(tok, g, pos):
             u = self._input(tok, g)
-            q, k, v = self._qkv(u, p + j)  # q [B, M, h, hd], k/v [B, M, kvh, hd]
-            if not kv_share:
-                own_k.append(k.repeat_interleave(rep, -2))
-                own_v.append(v.repeat_interleave(rep, -2))
-            g = self._finish(chain_step_attention(q, kc, vc, ctx_mask, own_k, own_v).flatten(-2), u)
-            logits.append(self.logits(g))
-        return torch.stack(logits, 2)
+            return (*self._qkv(u, pos), u)
+
+        return unroll_chain(g0, k0, v0, ids, anchors, n, (step, self._finish), self.logits,
+                            c.num_attention_heads // c.num_key_value_heads, own_kv=not kv_share,
+                            chain_tokens=chain_tokens, target_ids=self.draft_target_ids)
 
     @torch.no_grad()
     def draft_logits(self, hidden: torch.Tensor, ids: torch.Tensor, n: int, kv_share: bool | None = None,

@@ -55,7 +55,7 @@ class _MTPLayer(nn.Module):
                                        return_bias=False, params_dtype=vllm_config.model_config.dtype)
 
 
-class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
+class SpecxMTPForCausalLM(vocab.ServedVocabMap, Eagle3LlamaForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         nn.Module.__init__(self)  # not Eagle3LlamaForCausalLM's layers: ours
         self.config = vllm_config.speculative_config.draft_model_config.hf_config
@@ -69,7 +69,6 @@ class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
         self.logits_processor = LogitsProcessor(cfg.draft_vocab_size)
         self.draft_id_to_target_id = (torch.nn.Parameter(torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
                                                          requires_grad=False) if cfg.reduced_vocab else None)
-        self._target_ids = None
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -91,15 +90,6 @@ class SpecxMTPForCausalLM(Eagle3LlamaForCausalLM):
         """Logits over the draft vocabulary [.., Vd] (draft ids; `draft_target_ids` maps them)."""
         return self.logits_processor(self.lm_head, hidden_states)
 
-    @property
-    def draft_target_ids(self) -> torch.Tensor | None:
-        """The target id of every draft id (`vocab.target_ids` of the loaded d2t); None for the
-        full vocabulary."""
-        if self.draft_id_to_target_id is None:
-            return None
-        if self._target_ids is None:
-            self._target_ids = vocab.target_ids(self.draft_id_to_target_id.data)
-        return self._target_ids
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.model.named_parameters())
