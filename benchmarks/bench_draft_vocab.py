@@ -47,7 +47,7 @@ def heldout_greedy_tokens(target: str, n: int, max_tokens: int) -> list[int]:
     from vllm import SamplingParams
 
     from vllm_specx import assets
-    from vllm_specx.bench import render
+    from vllm_specx.assets import render
     from vllm_specx.engine import cpu_llm
 
     prompts = assets.load_prompts("chat-code", n // 2) + assets.load_prompts("chat-prose", n - n // 2)

@@ -150,3 +150,11 @@ def test_every_patch_lives_in_its_own_module():
     modules = [p.make.__module__ for p in _vllm_compat.MANIFEST]
     assert len(set(modules)) == len(modules), modules
     assert all(m.startswith("vllm_specx._vllm_compat.") for m in modules)
+
+
+def test_training_does_not_import_the_benchmark_tooling():
+    """Training is a library path: it must not import the benchmark, load or evaluation tools."""
+    tools = ("vllm_specx.bench", "vllm_specx.load_bench", "vllm_specx.loadgen", "vllm_specx.eval")
+    offenders = [f"{src.relative_to(PKG)}: {m}" for src in (PKG / "training").rglob("*.py")
+                 for m in tools if re.search(rf"^\s*(from {re.escape(m)}\b|import {re.escape(m)}\b)", src.read_text(), re.M)]
+    assert not offenders, offenders

@@ -87,3 +87,18 @@ def load_prompts(name: str = "code", limit: int | None = None) -> list:
 def prompt_text(prompt) -> str:
     """A prompt's text: the string, or a chat's message contents joined by newlines."""
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def render(prompts: list, tokenizer) -> list:
+    """vLLM inputs of a prompt set: raw prompts as text, chats as token ids through the target's
+    chat template (what gen-data, the benchmarks and the demo hand vLLM)."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+                ids = ids["input_ids"]
+            out.append({"prompt_token_ids": list(ids)})
+    return out

@@ -34,6 +34,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from vllm_specx import assets, registry, targets
+from vllm_specx.assets import render  # noqa: F401  (the benchmark's inputs; used below and by tools)
 from vllm_specx.checkpoint import read_config_json
 from vllm_specx.eval import generate_measured
 
@@ -180,20 +181,6 @@ def provenance(args: argparse.Namespace, target: Path) -> dict:
         "command": " ".join([*(f"{k}={v}" for k, v in sorted(os.environ.items())
                                if k.startswith("VLLM_CPU_")), "vllm-specx bench", *args.argv]),
     }
-
-
-def render(prompts: list, tokenizer) -> list:
-    """vLLM inputs: raw prompts as text, chats as token ids through the chat template."""
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
-            if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-                ids = ids["input_ids"]
-            out.append({"prompt_token_ids": list(ids)})
-    return out
 
 
 def plan(providers: list[Provider], k: int, sweep: list[int], batch_sizes: list[int],

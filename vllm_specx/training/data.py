@@ -150,7 +150,7 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    from vllm_specx.bench import render
+    from vllm_specx.assets import render
     from vllm_specx.engine import cpu_llm
 
     tok = AutoTokenizer.from_pretrained(target)
