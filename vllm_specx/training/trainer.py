@@ -237,6 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             a.required = False
     args = ap.parse_args(argv)
     args.config = None
+    # paths as a record writes them portably (~/.cache/...) work as given
+    args.data, args.out = str(Path(args.data).expanduser()), str(Path(args.out).expanduser())
+    args.eval_data = [str(Path(d).expanduser()) for d in args.eval_data]
     return args
 
 
