@@ -133,16 +133,39 @@ def add_output_head(module: torch.nn.Module, lm_head: torch.Tensor, vocab_size: 
     `vocab_size`) the rows of `draft_vocab` (its target ids; None: placeholders a checkpoint
     fills) as `lm_head` [Vd, H] with the maps `d2t` and `t2d`, all saved with the draft."""
     if draft_vocab_size < vocab_size:
-        ids = (torch.arange(draft_vocab_size) if draft_vocab is None
-               else torch.as_tensor(list(draft_vocab) if not isinstance(draft_vocab, torch.Tensor) else draft_vocab,
-                                    dtype=torch.long).sort().values)
-        d2t, t2d = maps(ids, vocab_size)
-        module.register_buffer("lm_head", lm_head.detach()[ids].clone())  # [Vd, H]
+        d2t, t2d = maps(torch.arange(draft_vocab_size) if draft_vocab is None else draft_vocab, vocab_size)
+        module.register_buffer("lm_head", lm_head.detach()[target_ids(d2t)].clone())  # [Vd, H]
         module.register_buffer(D2T, d2t)
         module.register_buffer(T2D, t2d)
     else:
         module.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)  # [V, H]
         module.d2t = module.t2d = None
+
+
+def loaded_maps(tensors: dict[str, torch.Tensor], vocab_size: int, draft_vocab_size: int,
+                where: str | None) -> dict[str, torch.Tensor]:
+    """A reduced-vocabulary checkpoint's tensors as a reference model loads them: the maps checked
+    (`check_maps`, naming `where`; None when the caller has checked the file already), `d2t`
+    int64, and `t2d` derived from `d2t` when the checkpoint leaves it out (it is optional on disk)."""
+    out = dict(tensors)
+    if D2T not in out:
+        return out  # the loader's own tensor-name check reports it missing
+    if where is not None:
+        check_maps(out[D2T], out.get(T2D), vocab_size, draft_vocab_size, where)
+    out[D2T] = out[D2T].long()
+    if T2D not in out:
+        out[T2D] = maps(target_ids(out[D2T]), vocab_size)[1]
+    return out
+
+
+class ReferenceVocabMap:
+    """For a reference (PyTorch) draft model built with `add_output_head`: `draft_target_ids`, the
+    target id of every draft id from its `d2t` buffer; None for the full vocabulary."""
+
+    @property
+    def draft_target_ids(self) -> torch.Tensor | None:
+        d2t = getattr(self, D2T, None)
+        return None if d2t is None else target_ids(d2t)
 
 
 class ServedVocabMap:

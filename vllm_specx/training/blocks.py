@@ -24,6 +24,14 @@ def add_chain_args(ap) -> None:
                     help="step j's input token: the target's x_{a+j} or the chain's own draft")
 
 
+def parse_layers(flag: str, text: str) -> list[int]:
+    """A comma-separated list of target layers given to `flag` (empty text: [])."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: expected comma-separated layer numbers") from None
+
+
 def add_draft_vocab_arg(ap) -> None:
     """`--draft-vocab N`: a reduced draft vocabulary (`vllm_specx.vocab`)."""
     ap.add_argument("--draft-vocab", type=int, default=None,

@@ -294,10 +294,8 @@ def load_draft(path: str | Path, embed, lm_head):
     tensors = {next((k for k, v in _ON_DISK.items() if v == name), name): t
                for name, t in load_tensors(path).items()}
     if cfg.reduced_vocab:
-        check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)
-        if "t2d" not in tensors:  # optional on disk; the reference keeps it
-            tensors["t2d"] = vocab.maps(vocab.target_ids(tensors["d2t"]), cfg.vocab_size)[1]
-        tensors["d2t"] = tensors["d2t"].long()
+        check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)  # names the file
+        tensors = vocab.loaded_maps(tensors, cfg.vocab_size, cfg.draft_vocab_size, None)
     draft = DSparkDraft(cfg, embed, lm_head)
     draft.load_state_dict(tensors, strict=True)
     return draft

@@ -227,7 +227,7 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(-1), None
 
 
-class DSparkDraft(nn.Module):
+class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
     """The DSpark head. `embed` and `lm_head` are the target's, frozen (not saved with the draft;
     a reduced draft vocabulary saves its rows of lm_head, still frozen)."""
 
@@ -344,11 +344,6 @@ class DSparkDraft(nn.Module):
                                           initial_state(self.markov_head, self.cfg, a, h[:1]),
                                           self.draft_target_ids, self.cfg.vocab_size)
         return drafts[0], (None if probs is None else probs[0])
-
-    @property
-    def draft_target_ids(self) -> torch.Tensor | None:
-        """The target id of every draft id (None: the full vocabulary)."""
-        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
 
     @torch.no_grad()
     def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:

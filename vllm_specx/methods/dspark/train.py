@@ -167,13 +167,7 @@ def data_vocab(args, cfg: DSparkDraftConfig) -> torch.Tensor:
 def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:
     """The draft's taps (ascending) from `--taps` / `--final-layer-tap` and the data's taps."""
     last = num_layers - 1
-    if args.taps.strip():
-        try:
-            taps = [int(x) for x in args.taps.split(",") if x.strip()]
-        except ValueError:
-            raise SystemExit(f"--taps {args.taps!r}: expected comma-separated layer numbers") from None
-    else:
-        taps = [t for t in data_taps if t != last]
+    taps = blocks.parse_layers("--taps", args.taps) or [t for t in data_taps if t != last]
     if args.final_layer_tap:
         taps = [t for t in taps if t != last] + [last]
     missing = [t for t in taps if t not in data_taps]

@@ -155,7 +155,6 @@ class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
         reduced vocabulary's to [.., V] with -inf; the draft loop maps its picks instead)."""
         return self.logits_processor(self.lm_head, hidden_states)
 
-
     def markov_stepper(self, slot_hidden: torch.Tensor):
         """`markov_step` for `model.sequential_drafts` over the sample slots' post-norm states
         slot_hidden [B, N, H]; the bias is scaled like the base logits."""

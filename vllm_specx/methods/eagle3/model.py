@@ -38,7 +38,7 @@ from vllm_specx.layers import RMSNorm, causal_gqa, rope, unroll_chain
 from vllm_specx.methods.eagle3.config import Eagle3Config
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(vocab.ReferenceVocabMap, nn.Module):
     def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor,
                  draft_vocab: torch.Tensor | None = None):
         """embed, lm_head: the target's [V, H]. A reduced draft vocabulary (`cfg.reduced_vocab`)
@@ -76,19 +76,9 @@ class Eagle3Draft(nn.Module):
             out.update({"lm_head.weight": self.lm_head, vocab.D2T: self.d2t, vocab.T2D: self.t2d})
         return out
 
-    @property
-    def draft_target_ids(self) -> torch.Tensor | None:
-        """The target id of every draft id (`vocab.target_ids`); None for the full vocabulary."""
-        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
-
     def load_vllm_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        tensors = dict(tensors)
-        if self.cfg.reduced_vocab and vocab.D2T in tensors:
-            vocab.check_maps(tensors[vocab.D2T], tensors.get(vocab.T2D), self.cfg.vocab_size,
-                             self.cfg.draft_vocab_size, "EAGLE-3 checkpoint")
-            tensors[vocab.D2T] = tensors[vocab.D2T].long()
-            if vocab.T2D not in tensors:  # optional on disk
-                tensors[vocab.T2D] = vocab.maps(vocab.target_ids(tensors[vocab.D2T]), self.cfg.vocab_size)[1]
+        if self.cfg.reduced_vocab:
+            tensors = vocab.loaded_maps(tensors, self.cfg.vocab_size, self.cfg.draft_vocab_size, "EAGLE-3 checkpoint")
         own = self.vllm_state_dict()
         missing = sorted(set(own) - set(tensors))
         if missing:

@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch
+from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch, parse_layers
 from vllm_specx.training.taps import select_taps
 from vllm_specx.methods.eagle3.checkpoint import save as save_eagle3
 from vllm_specx.methods.eagle3.config import Eagle3Config
@@ -27,10 +27,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> Eagle3Draft:
     data_taps = list(data_meta["taps"])
-    try:
-        taps = [int(x) for x in args.taps.split(",") if x.strip()] or data_taps
-    except ValueError:
-        raise SystemExit(f"--taps {args.taps!r}: expected comma-separated layer numbers") from None
+    taps = parse_layers("--taps", args.taps) or data_taps
     missing = [t for t in taps if t not in data_taps]
     if missing:
         raise SystemExit(f"--taps {args.taps}: layer(s) {missing} are not among the data's taps {data_taps}")

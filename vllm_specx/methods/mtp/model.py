@@ -59,7 +59,7 @@ from vllm_specx.layers import RMSNorm, causal_gqa, rms_norm, rope, unroll_chain
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 
 
-class MTPDraft(nn.Module):
+class MTPDraft(vocab.ReferenceVocabMap, nn.Module):
     def __init__(self, cfg: MTPDraftConfig, embed: torch.Tensor, lm_head: torch.Tensor,
                  draft_vocab: torch.Tensor | None = None):
         """embed, lm_head: the target's [V, H]. A reduced draft vocabulary (`cfg.reduced_vocab`)
@@ -116,20 +116,10 @@ class MTPDraft(nn.Module):
             out.update({"lm_head.weight": self.lm_head, vocab.D2T: self.d2t, vocab.T2D: self.t2d})
         return out
 
-    @property
-    def draft_target_ids(self) -> torch.Tensor | None:
-        """The target id of every draft id (`vocab.target_ids`); None for the full vocabulary."""
-        return vocab.target_ids(self.d2t) if self.cfg.reduced_vocab else None
-
     def load_specx_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         own = self.specx_state_dict()
-        tensors = dict(tensors)
-        if self.cfg.reduced_vocab and vocab.D2T in tensors:
-            vocab.check_maps(tensors[vocab.D2T], tensors.get(vocab.T2D), self.cfg.vocab_size,
-                             self.cfg.draft_vocab_size, "MTP checkpoint")
-            tensors[vocab.D2T] = tensors[vocab.D2T].long()
-            if vocab.T2D not in tensors:  # optional on disk; the reference keeps it
-                tensors[vocab.T2D] = vocab.maps(vocab.target_ids(tensors[vocab.D2T]), self.cfg.vocab_size)[1]
+        if self.cfg.reduced_vocab:
+            tensors = vocab.loaded_maps(tensors, self.cfg.vocab_size, self.cfg.draft_vocab_size, "MTP checkpoint")
         missing = sorted(set(own) - set(tensors))
         extra = sorted(set(tensors) - set(own))
         if missing or extra:
@@ -140,8 +130,6 @@ class MTPDraft(nn.Module):
                     raise ValueError(f"MTP checkpoint: {k} has shape {list(tensors[k].shape)}, "
                                      f"expected {list(p.shape)}")
                 p.copy_(tensors[k].to(p.dtype))
-        if self.cfg.reduced_vocab:  # the maps are integers: replaced, not cast
-            self.d2t, self.t2d = tensors[vocab.D2T].clone(), tensors[vocab.T2D].bool().clone()
 
     def _input(self, e_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return self.eh_proj(torch.cat([self.enorm(self.embed[e_ids]), self.hnorm(h)], -1))

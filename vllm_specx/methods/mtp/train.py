@@ -29,7 +29,7 @@ import torch
 from vllm_specx.methods.mtp.checkpoint import save as save_mtp
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 from vllm_specx.methods.mtp.model import MTPDraft, final_hidden
-from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch
+from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch, parse_layers
 from vllm_specx.training.losses import DraftOutput, to_draft_vocab
 from vllm_specx.training.taps import select_taps
 
@@ -56,7 +56,7 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         raise SystemExit(f"--data: its taps {taps} do not include the target's last layer ({last}); "
                          f"the MTP layer reads the target's final hidden state (make the data with "
                          f"`vllm-specx gen-data ... --taps ...,{last}`)")
-    fusion = tuple(int(x) for x in args.fusion_layers.split(",") if x.strip())
+    fusion = tuple(parse_layers("--fusion-layers", args.fusion_layers))
     missing = [i for i in fusion if i not in taps]
     if missing:
         raise SystemExit(f"--fusion-layers {args.fusion_layers}: layer(s) {missing} are not among the data's taps {taps}")

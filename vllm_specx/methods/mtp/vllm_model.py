@@ -90,7 +90,6 @@ class SpecxMTPForCausalLM(vocab.ServedVocabMap, Eagle3LlamaForCausalLM):
         """Logits over the draft vocabulary [.., Vd] (draft ids; `draft_target_ids` maps them)."""
         return self.logits_processor(self.lm_head, hidden_states)
 
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.model.named_parameters())
         loaded = set()
