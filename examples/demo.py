@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from vllm_specx import assets
-from vllm_specx.eval import format_table, run_configs
+from vllm_specx.bench.eval import format_table, run_configs
 
 K = 7
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

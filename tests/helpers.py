@@ -361,11 +361,12 @@ def seeded_rewinds(worker) -> int:
 
 
 def schedule_skipped_passes(worker, every: int = 3, context: str = "deferred") -> None:
-    """Worker side, DSparkProposer with `adaptive: true`: draft on every `every`-th pass only
+    """Worker side, DSparkProposer or MTPProposer with `adaptive: true`: draft on every `every`-th pass only
     (the others are skipped passes, deterministically) and record each draft pass's drafts.
     `context` says how the skipped passes' context K/V reach the draft's cache: "deferred" (as
     served: queued, written in one batch before the next draft pass), "eager" (the reference:
-    vLLM's DFlash input kernel and `build_model_inputs_first_pass` at once, in the skipped pass),
+    vLLM's DFlash input kernel and `build_model_inputs_first_pass` at once, in the skipped pass;
+    for MTP vLLM's own step 0 with no drafts),
     "lost" (the queue dropped unwritten: a negative control)."""
     import itertools
     import types
@@ -374,16 +375,20 @@ def schedule_skipped_passes(worker, every: int = 3, context: str = "deferred") -
     counter = itertools.count()
     d.adaptive.scheduler.draft_now = lambda reqs=None: next(counter) % every == 0
     d._specx_drafts = []
-    orig = d._adaptive_drafts
+    mtp = not hasattr(d, "_adaptive_drafts")  # MTPProposer: drafts come from `_draft_pass`
+    orig = d._draft_pass if mtp else d._adaptive_drafts
 
     def record(*args, **kwargs):
-        tokens, probs = orig(*args, **kwargs)
-        d._specx_drafts.append(tokens.tolist())
-        return tokens, probs
+        out = orig(*args, **kwargs)
+        d._specx_drafts.append((out if mtp else out[0]).tolist())
+        return out
 
-    d._adaptive_drafts = record
+    if mtp:
+        d._draft_pass = record
+    else:
+        d._adaptive_drafts = record
     if context == "eager":
-        d._context_only = types.MethodType(_eager_context, d)
+        d._context_only = types.MethodType(_eager_mtp_context if mtp else _eager_context, d)
     elif context == "lost":
         def drop():
             d._deferred = []
@@ -406,6 +411,20 @@ def _eager_context(self, num_speculative_tokens, batch, *, target_token_ids, tar
         token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
         num_rejected_tokens_gpu=num_rejected_tokens_gpu)
     self.build_model_inputs_first_pass(num_tokens, num_tokens, None)
+    return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
+
+
+def _eager_mtp_context(self, num_speculative_tokens, batch, **kw):
+    """A skipped MTP pass writing step 0's K/V at once through vLLM's own first pass (its
+    propose with 0 drafts runs step 0 and returns no drafts): the reference for
+    `MTPProposer._defer_context`."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    try:
+        SpecDecodeBaseProposer.propose(self, 0, **kw)
+    finally:
+        self.num_speculative_tokens = num_speculative_tokens
+    self._last_draft_probs = None
     return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
 
 

@@ -1,6 +1,6 @@
 """The benchmark's providers turn into the speculative configs vLLM receives (no engine)."""
 
-from vllm_specx import bench
+from vllm_specx.bench import e2e as bench
 
 from .helpers import ASSETS
 

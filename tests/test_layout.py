@@ -132,7 +132,7 @@ def _imports_of(src: Path) -> set[str]:
 # The tools that run on the source checkout's reference target and prompt files (the data command
 # takes prompt sets by name); nothing in the serving path, the trainer or the CLI's own module
 # imports assets.
-ASSET_TOOLS = ("assets.py", "bench.py", "load_bench.py", "training/data.py")
+ASSET_TOOLS = ("assets.py", "bench/e2e.py", "bench/load.py", "training/data.py")
 
 
 def test_the_package_imports_no_test_helpers_and_no_assets():
@@ -154,7 +154,44 @@ def test_every_patch_lives_in_its_own_module():
 
 def test_training_does_not_import_the_benchmark_tooling():
     """Training is a library path: it must not import the benchmark, load or evaluation tools."""
-    tools = ("vllm_specx.bench", "vllm_specx.load_bench", "vllm_specx.loadgen", "vllm_specx.eval")
+    tools = ("vllm_specx.bench",)
     offenders = [f"{src.relative_to(PKG)}: {m}" for src in (PKG / "training").rglob("*.py")
                  for m in tools if re.search(rf"^\s*(from {re.escape(m)}\b|import {re.escape(m)}\b)", src.read_text(), re.M)]
     assert not offenders, offenders
+
+
+# The package root holds the plugin and the modules its tools share; benchmark, load and
+# evaluation tooling lives in `vllm_specx/bench/`, methods in `methods/`, vLLM patches in
+# `_vllm_compat/`.
+ROOT_MODULES = {"__init__.py", "registry.py", "checkpoint.py", "layers.py", "vocab.py", "envs.py", "engine.py",
+                "metrics.py", "assets.py", "targets.py", "cli.py"}
+
+
+def test_the_package_root_holds_only_plugin_modules():
+    found = {p.name for p in PKG.glob("*.py")}
+    assert found == ROOT_MODULES, (f"not a plugin module (tooling goes to vllm_specx/bench/): "
+                                   f"{sorted(found - ROOT_MODULES)}; gone: {sorted(ROOT_MODULES - found)}")
+
+
+def test_no_import_cycle_inside_a_method_folder():
+    """Inside each method folder the modules' imports of each other form no cycle."""
+    for folder in sorted(p for p in (PKG / "methods").iterdir() if (p / "__init__.py").is_file()):
+        pkg = f"vllm_specx.methods.{folder.name}"
+        mods = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+        graph = {m: {n for n in mods if any(i == f"{pkg}.{n}" or i.startswith(f"{pkg}.{n}.")
+                                           for i in _imports_of(src))} - {m}
+                 for m, src in mods.items()}
+        state: dict[str, int] = {}
+
+        def visit(m, path):
+            if state.get(m) == 1:
+                raise AssertionError(f"import cycle in {pkg}: {' -> '.join(path + [m])}")
+            if state.get(m) == 2:
+                return
+            state[m] = 1
+            for n in sorted(graph[m]):
+                visit(n, path + [m])
+            state[m] = 2
+
+        for m in sorted(graph):
+            visit(m, [])

@@ -1,7 +1,7 @@
-"""The load client's own checks (`vllm_specx.loadgen`), engine-free: each flags what it should
+"""The load client's own checks (`vllm_specx.bench.loadgen`), engine-free: each flags what it should
 (negative controls for tests/e2e/test_load.py) and the request mix is what the test relies on."""
 
-from vllm_specx import loadgen
+from vllm_specx.bench import loadgen
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total x
 vllm:spec_decode_num_drafts_total{engine="0",model_name="ref"} 10.0

@@ -242,6 +242,9 @@ def test_train_samples_and_eval_data(tmp_path):
     got = small["eval"]["ev"]
     assert got["samples"] == 6 and got["blocks"] > 0 and 1.0 <= got["tau_greedy"] <= 4.0
     assert len(got["val_acc_per_pos"]) == 3 and got["prompts"] is None  # --eval-drafts 3 of 8
+    # the recorded command re-runs it: a repeatable option once per value (not a Python list)
+    rerun = trainer.parse_args(small["command"].split()[2:])
+    assert rerun.eval_data == [str(ev)] and rerun.train_samples == 5, small["command"]
     with pytest.raises(SystemExit, match="--for-eval"):
         trainer.train(trainer.parse_args(_train_argv("dspark", ev, tmp_path / "c", "--mask-token-id", "2")))
     with pytest.raises(SystemExit, match="--train-samples 99: the data holds 24 samples"):

@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_specx.targets import TargetError
 
         if argv[0] == "bench":
-            from vllm_specx.bench import main as bench_main
+            from vllm_specx.bench.e2e import main as bench_main
         else:
-            from vllm_specx.load_bench import main as bench_main
+            from vllm_specx.bench.load import main as bench_main
         try:
             bench_main(argv[1:])
         except (ValueError, FileNotFoundError, TargetError) as e:

@@ -1,5 +1,5 @@
 """A real `vllm serve` subprocess for end-to-end tests: started, waited for, stopped
-(`vllm_specx.loadgen.vllm_serve`, with a failed start turned into a test failure)."""
+(`vllm_specx.bench.loadgen.vllm_serve`, with a failed start turned into a test failure)."""
 
 import contextlib
 import os
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_specx.loadgen import ServerExited, free_port, http_get, http_post, spawn_vllm_serve  # noqa: F401
-from vllm_specx.loadgen import vllm_serve as _vllm_serve
+from vllm_specx.bench.loadgen import ServerExited, free_port, http_get, http_post, spawn_vllm_serve  # noqa: F401
+from vllm_specx.bench.loadgen import vllm_serve as _vllm_serve
 
 get, post = http_get, http_post
 

@@ -121,7 +121,7 @@ def test_draft_with_a_confidence_head_uses_it(tmp_path, target, many_prompts, no
      "need 'adaptive': true"),
     ({"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive": True,
       "adaptive_max_skip": -1}, "adaptive_max_skip"),
-    ({"method": "mtp", "model": str(T.ASSETS / "drafts" / "ref-mtp"), "num_speculative_tokens": K,
+    ({"method": "eagle3", "model": str(T.ASSETS / "drafts" / "ref-eagle3"), "num_speculative_tokens": K,
       "adaptive": True}, "adaptive drafting is implemented for method"),
     ({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "adaptive": True},
      "adaptive drafting is implemented for method"),

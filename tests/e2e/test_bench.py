@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from vllm_specx import bench
+from vllm_specx.bench import e2e as bench
 
 from .. import helpers as T
 

@@ -2,7 +2,7 @@
 mixed temperature / top-p / top-k / seed / max_tokens / n, a quarter closed mid-stream, the last
 eight sent one at a time to the then idle server; every
 other request completes with its token count, and afterwards the server answers, KV-cache usage is
-back to 0 and the spec-decode counters are consistent (`vllm_specx.loadgen.check_server`).
+back to 0 and the spec-decode counters are consistent (`vllm_specx.bench.loadgen.check_server`).
 
 A small step budget (`--max-num-batched-tokens 128`) splits prompts into chunks under load, so
 seeded requests go through the CPU engine's rewind (the plugin's `repair-cpu-seeded-*`), and
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_specx import loadgen
+from vllm_specx.bench import loadgen
 
 from .. import helpers as T
 from .serving import vllm_serve

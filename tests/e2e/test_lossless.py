@@ -16,9 +16,9 @@ the reverse, and every verification step of our proposers (DSpark, MTP) must be 
 op's calls.
 
 The e2e tier runs no-spec and five configs, one per verifier path: DSpark with block verification,
-adaptive DSpark with block verification, DSpark with a reduced draft vocabulary token-wise, MTP
-with a reduced draft vocabulary token-wise, and vLLM's n-gram with vLLM's sampler (the CPU expand
-repair on); the full tier adds the other five configs and the negative control.
+adaptive DSpark with block verification, DSpark with a reduced draft vocabulary token-wise, adaptive
+MTP with a reduced draft vocabulary token-wise, and vLLM's n-gram with vLLM's sampler (the CPU
+expand repair on); the full tier adds the other six configs and the negative control.
 """
 
 import pytest
@@ -126,6 +126,11 @@ CONFIGS = {
                                     "draft_sample_method": "probabilistic"},
     "mtp-reduced-vocab": lambda d: {"method": "mtp", "model": d["mtp-reduced"], "num_speculative_tokens": 3,
                                     "draft_sample_method": "probabilistic"},
+    # MTP with adaptive drafting on the reduced-vocabulary draft: cuts, shorter chains and
+    # skipped passes whose step-0 K/V are deferred, q scattered from the draft vocabulary
+    "mtp-adaptive-reduced-vocab": lambda d: {"method": "mtp", "model": d["mtp-reduced"], "num_speculative_tokens": 3,
+                                             "draft_sample_method": "probabilistic", "adaptive": True,
+                                             "adaptive_cost_model": False, "adaptive_threshold": 0.5},
     "ngram-vllm-sampler": lambda d: {"method": "ngram", "num_speculative_tokens": 3,
                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     "eagle3-vllm-sampler": lambda d: {"method": "eagle3", "model": d["eagle3"], "num_speculative_tokens": 3,
@@ -134,9 +139,10 @@ CONFIGS = {
 
 
 # CI (e2e) keeps one config per guarantee; MTP's proposer path is the same with and without a
-# reduced vocabulary (the identity map), so CI runs the reduced one and the plain one is full-tier.
+# reduced vocabulary (the identity map) and with adaptive drafting off or on (no cut), so CI runs
+# the reduced one with adaptive drafting and the other two are full-tier.
 FULL = {"dspark-greedy-drafts", "dspark-probabilistic", "dspark-adaptive-probabilistic", "eagle3-vllm-sampler",
-        "mtp-probabilistic"}
+        "mtp-probabilistic", "mtp-reduced-vocab"}
 
 
 def _tiered(names):
@@ -191,7 +197,7 @@ def test_block_verification_runs_when_configured(run):
 
 @pytest.mark.parametrize("name", _tiered(["dspark-probabilistic", "dspark-greedy-drafts", "mtp-probabilistic",
                                           "dspark-adaptive-probabilistic", "dspark-reduced-vocab",
-                                          "mtp-reduced-vocab"]))
+                                          "mtp-reduced-vocab", "mtp-adaptive-reduced-vocab"]))
 def test_token_wise_verification_runs_for_standard(name, run):
     v = _op_calls(run(name), name)
     assert v["op_calls"].get("token", 0) > 0 and v["random_op_calls"].get("token", 0) > 0, v

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vllm_specx import assets, targets
-from vllm_specx.bench import render
+from vllm_specx.bench.e2e import render
 
 from .. import helpers as T
 from .serving import get, post, vllm_serve

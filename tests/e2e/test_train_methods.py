@@ -18,7 +18,7 @@ import torch
 from vllm import SamplingParams
 
 from vllm_specx import registry
-from vllm_specx.eval import run_configs
+from vllm_specx.bench.eval import run_configs
 from vllm_specx.training import trainer
 
 from .. import helpers as T

@@ -5,7 +5,7 @@ full block) and the EAGLE-3 baseline trained on the same data, served by vLLM's 
 
 import pytest
 
-from vllm_specx.eval import run_configs
+from vllm_specx.bench.eval import run_configs
 
 from ..helpers import ASSETS, REF_TARGET, load_prompts
 

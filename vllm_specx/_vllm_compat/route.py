@@ -66,7 +66,7 @@ num_speculative_tokens_per_       refused     dynamic speculation is untested wi
 batch_size
 disable_padded_drafter_batch      refused     parallel drafting needs padding (vLLM would fail
                                               only when the worker starts)
-enable_adaptive_verification      refused     needs the V2 runner (DSpark: honoured, = `adaptive`)
+enable_adaptive_verification      refused     needs the V2 runner (DSpark, MTP: honoured, = `adaptive`)
 draft_lm_head_quantization        refused     (0.33) EAGLE/MTP only, Model Runner V2 only
 xpress_topc                       refused     (0.33) XPress drafts only
 fly_window_size, fly_entropy_*    refused     (0.33) only with "fly", which is refused
@@ -141,7 +141,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
                                               "(vLLM would fail only when the worker starts)"),
     "enable_adaptive_verification": (REFUSED, "vLLM implements it on its V2 runner only; "
                                               "vllm-specx proposers run on the V1 runner (DSpark "
-                                              "honours it as `adaptive: true`)"),
+                                              "and MTP honour it as `adaptive: true`)"),
     "draft_lm_head_quantization": (REFUSED, "vLLM implements it for EAGLE/MTP on its V2 runner"),
     "xpress_topc": (REFUSED, "applies to XPress drafts only"),
     "fly_window_size": (REFUSED, _ONLY_WITH_FLY),

@@ -497,7 +497,8 @@ def _run_args(args: argparse.Namespace) -> dict:
 
 def command_flags(args: argparse.Namespace) -> str:
     """The flags that re-run `args` (switches only when set, `--no-X` for a switch that is on by
-    default and was turned off; unset and empty options left out)."""
+    default and was turned off; a repeatable option once per value; unset and empty options left
+    out)."""
     on_by_default = {a.dest for a in parser(getattr(args, "method", None))._actions
                      if isinstance(a, argparse.BooleanOptionalAction) and a.default is True}
     out = []
@@ -509,6 +510,8 @@ def command_flags(args: argparse.Namespace) -> str:
             out.append(flag)
         elif v is False and k in on_by_default:
             out.append("--no-" + k.replace("_", "-"))
+        elif isinstance(v, (list, tuple)):  # a repeatable option: once per value
+            out += [f"{flag} {x}" for x in v]
         elif v is not None and v is not False and v != "":
             out.append(f"{flag} {v}")
     return " ".join(out)

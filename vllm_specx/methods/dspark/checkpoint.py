@@ -41,16 +41,21 @@ from vllm_specx.checkpoint import (
     write_config_json,
 )
 from vllm_specx import vocab
-from vllm_specx.methods.dspark.config import RECIPE_SWITCHES, SPECX_DSPARK_ARCH, DSparkDraftConfig
+from vllm_specx.methods.dspark.config import (
+    DRAFT_OPTIONS,
+    RECIPE_SWITCHES,
+    SPECX_DSPARK_ARCH,
+    DSparkDraftConfig,
+    build_config,
+)
 
 METHOD_NAME = "dspark"
 # Of the vllm-specx format; bump when its meaning changes, and read both. 2 added the full
 # recipe's switches (`RECIPE_SWITCHES`); a version-1 block must not carry them.
 FORMAT_VERSION = 2
 READS_VERSIONS = (1, 2)
-SPECX_FIELDS = ("method", "format_version", "target_layer_ids", "target_hidden_size", "block_size",
-                "mask_token_id", "markov_rank", "sample_from_anchor", "causal", "markov_head_type",
-                "confidence_head", "sliding_window", "draft_vocab_size") + RECIPE_SWITCHES
+SPECX_FIELDS = ("method", "format_version", "target_layer_ids", "target_hidden_size", *DRAFT_OPTIONS,
+                "draft_vocab_size")
 
 
 def detect(raw: dict[str, Any]) -> str | None:
@@ -130,80 +135,6 @@ def _speculators_attention(layer: dict, raw: dict, where: str) -> tuple[bool, in
         f"'full_attention' (vLLM's V1 runner cannot run mixed DFlash layers)")
 
 
-def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkDraftConfig:
-    """A config from a Qwen3 layer dict and the DSpark options; errors name `where`."""
-    def need(d: dict, key: str) -> int:
-        if d.get(key) is None:
-            raise ValueError(f"{where}: missing required field '{key}'")
-        return _cast(d[key], key, int, where)
-
-    hidden = need(layer, "hidden_size")
-    heads = need(layer, "num_attention_heads")
-    if not taps:
-        raise ValueError(f"{where}: missing required field 'target_layer_ids'")
-    vocab = need(layer, "vocab_size")
-    try:
-        return DSparkDraftConfig(
-            source_format=fmt,
-            target_layer_ids=_layer_ids(taps, where),
-            target_hidden_size=_cast(opts.get("target_hidden_size") or hidden, "target_hidden_size", int, where),
-            hidden_size=hidden,
-            vocab_size=vocab,
-            draft_vocab_size=_cast(opts.get("draft_vocab_size") or vocab, "draft_vocab_size", int, where),
-            num_hidden_layers=need(layer, "num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-            head_dim=int(layer.get("head_dim") or hidden // heads),
-            intermediate_size=need(layer, "intermediate_size"),
-            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(_rope_theta(layer)),
-            block_size=need(opts, "block_size"),
-            mask_token_id=need(opts, "mask_token_id"),
-            markov_rank=need(opts, "markov_rank"),
-            sample_from_anchor=_flag(opts, "sample_from_anchor", True),
-            causal=_flag(opts, "causal", False),
-            markov_head_type=opts.get("markov_head_type") or "vanilla",
-            confidence_head=opts.get("confidence_head"),
-            sliding_window=opts.get("sliding_window"),
-            **{k: _flag(opts, k, False) for k in RECIPE_SWITCHES},
-        )
-    except (TypeError, ValueError) as e:
-        if str(e).startswith(where):
-            raise
-        raise ValueError(f"{where}: {e}") from e
-
-
-def _cast(value, key: str, cast, where: str):
-    """`cast(value)` for an integer field; ValueError naming `where` and `key` when it is not a
-    whole number (a bool, a fraction, text: int() would truncate or fail without naming it)."""
-    if cast is int and (isinstance(value, bool) or not isinstance(value, (int, float, str))
-                        or (isinstance(value, float) and not value.is_integer())):
-        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}")
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}") from None
-
-
-def _layer_ids(taps, where: str) -> tuple[int, ...]:
-    """The tap layers, ascending (`fc` fuses them in that order; the config refuses duplicates)."""
-    if isinstance(taps, (str, bytes, dict)) or not hasattr(taps, "__iter__"):
-        raise ValueError(f"{where}: field 'target_layer_ids' must be a list of integers, got {taps!r}")
-    return tuple(sorted(_cast(t, "target_layer_ids", int, where) for t in taps))
-
-
-def _flag(opts: dict, key: str, default: bool) -> bool:
-    value = opts.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
-    return value
-
-
-def _rope_theta(layer: dict) -> float:
-    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
-    return rope.get("rope_theta") or layer.get("rope_theta") or 1e6
-
-
 def layer_config(cfg: DSparkDraftConfig) -> dict:
     """The Qwen3 layer config of the draft, as transformers and vLLM read it."""
     return {
@@ -226,11 +157,7 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
         "specx": {
             "method": METHOD_NAME, "format_version": FORMAT_VERSION,
             "target_layer_ids": list(c.target_layer_ids),
-            "target_hidden_size": c.target_hidden_size, "block_size": c.block_size,
-            "mask_token_id": c.mask_token_id, "markov_rank": c.markov_rank,
-            "sample_from_anchor": c.sample_from_anchor, "causal": c.causal,
-            "markov_head_type": c.markov_head_type, "confidence_head": c.confidence_head,
-            "sliding_window": c.sliding_window, **{k: getattr(c, k) for k in RECIPE_SWITCHES},
+            "target_hidden_size": c.target_hidden_size, **{k: getattr(c, k) for k in DRAFT_OPTIONS},
             **({"draft_vocab_size": c.draft_vocab_size} if c.reduced_vocab else {}),
             **(extra or {}),
         },

@@ -17,6 +17,15 @@ MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 CONFIDENCE_HEADS = (None, "hidden", "hidden+markov")
 # The full recipe: each switch on, plus the recurrent Markov head (see `RECIPE`).
 RECIPE_SWITCHES = ("final_layer_tap", "per_layer_fusion", "slot_queries")
+REQUIRED = object()
+# The DSpark options beside the layer shapes, spelled once: name -> default (`REQUIRED`: no
+# default). The checkpoint readers (`build_config`), `DSparkDraftConfig.for_target` and the
+# vllm-specx format's `specx` block use these names.
+DRAFT_OPTIONS: dict[str, Any] = {
+    "block_size": REQUIRED, "mask_token_id": REQUIRED, "markov_rank": REQUIRED,
+    "sample_from_anchor": True, "causal": False, "markov_head_type": "vanilla", "confidence_head": None,
+    "sliding_window": None, **{k: False for k in RECIPE_SWITCHES},
+}
 RECIPE = {"final_layer_tap": True, "per_layer_fusion": True, "slot_queries": True,
           "markov_head_type": "rnn"}
 BASELINE = {"final_layer_tap": False, "per_layer_fusion": False, "slot_queries": False,
@@ -179,21 +188,15 @@ class DSparkDraftConfig:
 
     @classmethod
     def for_target(cls, target: dict[str, Any], *, target_layer_ids, num_hidden_layers: int,
-                   block_size: int, mask_token_id: int, markov_rank: int,
-                   sample_from_anchor: bool = True, causal: bool = False,
-                   markov_head_type: str = "vanilla", confidence_head: str | None = None,
-                   sliding_window: int | None = None, final_layer_tap: bool = False,
-                   per_layer_fusion: bool = False, slot_queries: bool = False) -> DSparkDraftConfig:
-        """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict)."""
-        from vllm_specx.methods.dspark.checkpoint import build_config
-
+                   **options) -> DSparkDraftConfig:
+        """A new draft whose layers copy the target's shapes (`target`: its HF config as a dict);
+        `options`: the DSpark options (`DRAFT_OPTIONS`, unknown names refused)."""
+        unknown = sorted(set(options) - set(DRAFT_OPTIONS))
+        if unknown:
+            raise TypeError(f"DSparkDraftConfig.for_target: unknown option(s) {unknown}; the options "
+                            f"are {list(DRAFT_OPTIONS)}")
         layer = {**target, "num_hidden_layers": num_hidden_layers}
-        opts = {"block_size": block_size, "mask_token_id": mask_token_id, "markov_rank": markov_rank,
-                "sample_from_anchor": sample_from_anchor, "causal": causal,
-                "markov_head_type": markov_head_type, "confidence_head": confidence_head,
-                "sliding_window": sliding_window, "final_layer_tap": final_layer_tap,
-                "per_layer_fusion": per_layer_fusion, "slot_queries": slot_queries}
-        return build_config(layer, opts, "specx", "new draft", target_layer_ids)
+        return build_config(layer, options, "specx", "new draft", target_layer_ids)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
@@ -285,3 +288,83 @@ class DSparkDraftConfig:
                 p + "mlp.down_proj.weight": (h, inter),
             })
         return shapes
+
+
+def build_config(layer: dict, opts: dict, fmt: str, where: str, taps) -> DSparkDraftConfig:
+    """A config from a Qwen3 layer dict and the DSpark options; errors name `where`."""
+    def need(d: dict, key: str) -> int:
+        if d.get(key) is None:
+            raise ValueError(f"{where}: missing required field '{key}'")
+        return _cast(d[key], key, int, where)
+
+    hidden = need(layer, "hidden_size")
+    heads = need(layer, "num_attention_heads")
+    if not taps:
+        raise ValueError(f"{where}: missing required field 'target_layer_ids'")
+    vocab = need(layer, "vocab_size")
+    try:
+        return DSparkDraftConfig(
+            source_format=fmt,
+            target_layer_ids=_layer_ids(taps, where),
+            target_hidden_size=_cast(opts.get("target_hidden_size") or hidden, "target_hidden_size", int, where),
+            hidden_size=hidden,
+            vocab_size=vocab,
+            draft_vocab_size=_cast(opts.get("draft_vocab_size") or vocab, "draft_vocab_size", int, where),
+            num_hidden_layers=need(layer, "num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads),
+            intermediate_size=need(layer, "intermediate_size"),
+            rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_theta(layer)),
+            **_draft_options(opts, need),
+        )
+    except (TypeError, ValueError) as e:
+        if str(e).startswith(where):
+            raise
+        raise ValueError(f"{where}: {e}") from e
+
+
+def _draft_options(opts: dict, need) -> dict[str, Any]:
+    """The DSpark options (`DRAFT_OPTIONS`) from `opts`: required ones through `need`, flags
+    checked as booleans, the rest their value or default."""
+    out = {}
+    for key, default in DRAFT_OPTIONS.items():
+        if default is REQUIRED:
+            out[key] = need(opts, key)
+        elif isinstance(default, bool):
+            out[key] = _flag(opts, key, default)
+        else:
+            out[key] = default if opts.get(key) is None else opts[key]
+    return out
+
+
+def _cast(value, key: str, cast, where: str):
+    """`cast(value)` for an integer field; ValueError naming `where` and `key` when it is not a
+    whole number (a bool, a fraction, text: int() would truncate or fail without naming it)."""
+    if cast is int and (isinstance(value, bool) or not isinstance(value, (int, float, str))
+                        or (isinstance(value, float) and not value.is_integer())):
+        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}")
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: field '{key}' must be an integer, got {value!r}") from None
+
+
+def _layer_ids(taps, where: str) -> tuple[int, ...]:
+    """The tap layers, ascending (`fc` fuses them in that order; the config refuses duplicates)."""
+    if isinstance(taps, (str, bytes, dict)) or not hasattr(taps, "__iter__"):
+        raise ValueError(f"{where}: field 'target_layer_ids' must be a list of integers, got {taps!r}")
+    return tuple(sorted(_cast(t, "target_layer_ids", int, where) for t in taps))
+
+
+def _flag(opts: dict, key: str, default: bool) -> bool:
+    value = opts.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _rope_theta(layer: dict) -> float:
+    rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
+    return rope.get("rope_theta") or layer.get("rope_theta") or 1e6

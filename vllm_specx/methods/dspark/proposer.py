@@ -33,35 +33,21 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_specx import registry
-from vllm_specx.adaptive.config import AdaptiveConfig
-from vllm_specx.adaptive.controller import AdaptiveDrafting
 from vllm_specx.adaptive.estimator import feature
+from vllm_specx.adaptive.proposer import AdaptiveProposer, drain_writes, make_adaptive, top_probability
 from vllm_specx.methods.dspark.model import greedy_pick, reads_anchor_slot, sequential_drafts
 from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
 logger = logging.getLogger("vllm.specx")
 _VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
-_FLUSH_TOKENS = 512  # skipped passes' context K/V are written once this many tokens are queued
 
 
-def last_writes(slots: torch.Tensor) -> torch.Tensor | None:
-    """Indices (ascending) of the last occurrence of every slot in `slots` [n]; None when no
-    slot repeats (keep everything)."""
-    uniq, inv = torch.unique(slots, return_inverse=True)
-    if uniq.numel() == slots.numel():
-        return None
-    last = torch.full((uniq.numel(),), -1, dtype=torch.long, device=slots.device)
-    last.scatter_reduce_(0, inv, torch.arange(slots.numel(), device=slots.device), "amax")
-    return last.sort().values
-
-
-class DSparkProposer(DFlashProposer):
+class DSparkProposer(AdaptiveProposer, DFlashProposer):
     def __init__(self, vllm_config, device, runner=None):
         super().__init__(vllm_config, device, runner)
         _, self.dspark = registry.config_of(self.draft_model_config.hf_config)  # validated
@@ -75,7 +61,8 @@ class DSparkProposer(DFlashProposer):
         # Counters a test or a user can read through `LLM.collective_rpc`.
         self.stats = {"propose_calls": 0, "probabilistic_calls": 0}
         self._runner = runner
-        self.adaptive = make_adaptive(vllm_config, self.dspark, self.num_speculative_tokens)
+        self.adaptive = make_adaptive(vllm_config, self.num_speculative_tokens,
+                                      has_head=self.dspark.confidence_head is not None)
         self._deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # skipped passes' context
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
                     "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
@@ -145,47 +132,13 @@ class DSparkProposer(DFlashProposer):
         return self.model.draft_target_ids, self.dspark.vocab_size
 
     # ---- confidence-scheduled drafting (`adaptive: true`) -----------------------------------
-    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
-                mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
-        kw = dict(target_token_ids=target_token_ids, target_positions=target_positions,
-                  target_hidden_states=target_hidden_states, next_token_ids=next_token_ids,
-                  token_indices_to_sample=token_indices_to_sample,
-                  common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
-                  mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-                  slot_mappings=slot_mappings)
-        a = self.adaptive
-        if a is None:
-            return super().propose(num_speculative_tokens, **kw)
-        batch = common_attn_metadata.batch_size()
-        a.begin_pass(int(common_attn_metadata.num_actual_tokens))
-        self._adaptive_req_ids = list(self._runner.input_batch.req_ids[:batch])
-        if not a.draft_now(batch):
-            out = self._context_only(num_speculative_tokens, batch, **kw)
-            a.skipped(self._adaptive_req_ids)
-            a.end_pass(batch, 0, drafted=False)
-            return out
-        self._flush_context()
-        self._drafted_slots = num_speculative_tokens
-        out = super().propose(num_speculative_tokens, **kw)
-        a.end_pass(batch, self._drafted_slots, drafted=True)
-        return out
-
-    def _context_only(self, num_speculative_tokens, batch, *, target_positions, target_hidden_states,
-                      common_attn_metadata, **_):
-        """A skipped pass: no query block, no drafts (all cut). The verified tokens' context K/V
-        are owed to the draft's cache (later passes attend to the whole prefix); they are queued
-        (`_defer_context`) and written in one batch before the next draft pass, or once
-        `_FLUSH_TOKENS` are queued."""
-        self._last_draft_probs = None
-        self._defer_context(target_positions, target_hidden_states, common_attn_metadata, batch)
-        return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
-
-    def _defer_context(self, target_positions, target_hidden_states, cad, batch) -> None:
-        """Queue this step's context writes: the raw taps, positions, and the draft-cache slots
-        vLLM's DFlash input kernel would give them (`slot = block_table[req, pos // bs] * bs +
-        pos % bs` for every scheduled token, rejected ones included, as the kernel writes them),
+    def _defer_context(self, num_speculative_tokens, batch, kw) -> None:
+        """A skipped pass's context writes, queued: the raw taps, positions, and the draft-cache
+        slots vLLM's DFlash input kernel would give them (`slot = block_table[req, pos // bs] * bs
+        + pos % bs` for every scheduled token, rejected ones included, as the kernel writes them),
         with the block table read now."""
+        cad, target_positions = kw["common_attn_metadata"], kw["target_positions"]
+        target_hidden_states = kw["target_hidden_states"]
         qsl = cad.query_start_loc_cpu[: batch + 1]
         n = int(qsl[-1])
         if n == 0:
@@ -199,8 +152,6 @@ class DSparkProposer(DFlashProposer):
         slots = bt[req, block].long() * self.block_size + pos % self.block_size
         self._deferred.append((target_hidden_states[:n].clone(), pos.clone(), slots))
         self.stats["deferred_tokens"] = self.stats.get("deferred_tokens", 0) + n
-        if sum(len(p) for _, p, _ in self._deferred) >= _FLUSH_TOKENS:
-            self._flush_context()
 
     def _flush_context(self) -> None:
         """Write the queued context K/V (`_defer_context`) in one batch: the fusion of the raw
@@ -208,13 +159,10 @@ class DSparkProposer(DFlashProposer):
         last queued write of a slot winning (the order those passes would have written in; a
         slot recurs when a rejected token's position is verified again, or a freed block was
         reused)."""
-        if not self._deferred:
+        writes, self._deferred = drain_writes(self._deferred), []
+        if writes is None:
             return
-        taps, pos, slots = (torch.cat(x) for x in zip(*self._deferred))
-        self._deferred = []
-        keep = last_writes(slots)
-        if keep is not None:
-            taps, pos, slots = taps[keep], pos[keep], slots[keep]
+        taps, pos, slots = writes
         fused = self.model.combine_hidden_states(taps)
         self.model.precompute_and_store_context_kv(fused, pos, slots)
         self.stats["context_flushes"] = self.stats.get("context_flushes", 0) + 1
@@ -234,10 +182,7 @@ class DSparkProposer(DFlashProposer):
 
             def pick(logits):
                 tok, p = inner(logits)
-                if p is not None:
-                    qmax.append(p.max(-1).values.float())
-                else:
-                    qmax.append((logits.max(-1).values - logits.float().logsumexp(-1)).exp())
+                qmax.append(top_probability(logits, p))
                 return tok, p
         tokens, probs = sequential_drafts(base, anchors, self.model.markov_stepper(slots_m), pick, state,
                                           *self._vocab_map())
@@ -255,76 +200,20 @@ class DSparkProposer(DFlashProposer):
                 probs = torch.cat([probs, probs.new_zeros(batch, n - m, probs.shape[-1])], 1)
         return tokens, probs
 
-    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
-                                      discard_request_mask):
-        out = super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
-                                                    discard_request_mask)
-        if self.adaptive is not None:
-            kept = out[1].tolist()
-            self.adaptive.observe(list(gpu_input_batch.req_ids[:len(kept)]), kept)
-        return out
+    def _draft_costs(self, runner):
+        """(backbone, slot, skip) tables for `costs.CostModel`: the draft's forward over R
+        requests' query slots, one slot's logits for R rows, one fusion of R rows' taps."""
+        from vllm_specx.adaptive.costs import grid, time_call
 
-    def profile_costs(self, runner) -> None:
-        """Start-up cost tables for the adaptive policy (`adaptive.costs`), timed on this
-        machine once the KV cache exists; called by `_vllm_compat/adaptive_profile.py`."""
-        a = self.adaptive
-        if a is None or not a.cfg.cost_model:
-            return
-        from vllm_specx.adaptive.costs import CostModel, grid, time_call
-
-        t0 = time.perf_counter()
         dev, dtype = self.device, runner.model_config.dtype
-        sched = runner.scheduler_config
-        max_tokens = max(2, min(sched.max_num_batched_tokens, 512))
-        max_reqs = max(2, min(sched.max_num_seqs, 128))
-        hidden = runner.model_config.get_hidden_size()
-        saved = self.__dict__.get("dummy_run")
-        self.dummy_run = lambda *args, **kwargs: None  # the target's dummy run also drafts
-        target = {}
-        try:
-            for t in grid(max_tokens):
-                h = torch.randn(t, hidden, device=dev, dtype=dtype)
-                target[t] = time_call(lambda: (runner._dummy_run(t, force_attention=True),
-                                               runner.model.compute_logits(h)), dev)
-        finally:
-            if saved is None:
-                del self.dummy_run
-            else:
-                self.dummy_run = saved
         slots = max(self.dspark.query_slots(self.num_speculative_tokens), 1)
         backbone, slot, skip = {}, {}, {}
         dh = self.hidden_size
-        for r in grid(max_reqs):
+        for r in grid(self.max_profiled_requests(runner)):
             backbone[r] = time_call(lambda: self.dummy_run(r * slots, use_cudagraphs=False), dev)
             h = torch.randn(r, dh, device=dev, dtype=dtype)
             slot[r] = time_call(lambda: self.model.draft_logits(h).argmax(-1), dev)
             taps = torch.randn(r, self.dspark.target_hidden_size * len(self.dspark.target_layer_ids),
                                device=dev, dtype=dtype)
             skip[r] = time_call(lambda: self.model.combine_hidden_states(taps), dev)
-        a.costs = CostModel(target, backbone, slot, skip)
-        logger.info("vllm-specx adaptive drafting: cost tables profiled in %.1f s: %s",
-                    time.perf_counter() - t0, a.costs.summary())
-
-
-def make_adaptive(vllm_config, dspark, num_speculative_tokens: int) -> AdaptiveDrafting | None:
-    """The proposer's adaptive-drafting state, or None when `adaptive` is off; ValueError naming
-    the option for a setting this engine cannot honour."""
-    spec = vllm_config.speculative_config
-    cfg = AdaptiveConfig.from_options(getattr(spec, "specx_adaptive", None) or {},
-                                      getattr(spec, "enable_adaptive_verification", False))
-    if not cfg.enabled:
-        return None
-    if cfg.confidence == "head" and dspark.confidence_head is None:
-        raise ValueError(f"vllm-specx: speculative_config option 'adaptive_confidence' = 'head': the "
-                         f"draft {spec.model} has no confidence head (use 'auto' or 'estimator')")
-    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-        raise ValueError("vllm-specx: speculative_config option 'adaptive' needs synchronous scheduling "
-                         "(the runner cuts drafts before the scheduler sees them): pass "
-                         "--no-async-scheduling (async_scheduling=False)")
-    if vllm_config.parallel_config.tensor_parallel_size > 1:
-        raise ValueError("vllm-specx: speculative_config option 'adaptive' is not supported with "
-                         "tensor_parallel_size > 1 yet (each rank would decide on its own timings)")
-    source = "head" if cfg.confidence != "estimator" and dspark.confidence_head is not None else "estimator"
-    logger.info("vllm-specx: adaptive drafting on (confidence from the %s, %s)", source,
-                "cost model" if cfg.cost_model else f"threshold {cfg.threshold} only")
-    return AdaptiveDrafting(cfg, num_speculative_tokens, source)
+        return backbone, slot, skip

@@ -42,7 +42,7 @@ import torch
 from vllm_specx import vocab
 from vllm_specx.checkpoint import load_tensors
 from vllm_specx.methods.dspark.checkpoint import save_specx
-from vllm_specx.methods.dspark.config import DSparkDraftConfig
+from vllm_specx.methods.dspark.config import DRAFT_OPTIONS, DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training import blocks
@@ -100,14 +100,10 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         args.mask_token_id = default_mask_token(target.name_or_path, int(target.config.vocab_size))
     tc = target.config.to_dict()
     taps = draft_taps(args, list(data_meta["taps"]), int(tc["num_hidden_layers"]))
-    cfg = DSparkDraftConfig.for_target(
-        tc, target_layer_ids=taps, num_hidden_layers=args.layers,
-        block_size=args.block_size, mask_token_id=args.mask_token_id, markov_rank=args.markov_rank,
-        sample_from_anchor=getattr(args, "layout", "anchor") == "anchor", causal=getattr(args, "causal", False),
-        markov_head_type=getattr(args, "markov_head_type", "vanilla"),
-        sliding_window=getattr(args, "sliding_window", None),
-        final_layer_tap=args.final_layer_tap, per_layer_fusion=args.per_layer_fusion,
-        slot_queries=args.slot_queries, confidence_head=getattr(args, "confidence_head", None))
+    # the DSpark options by their one spelling (`config.DRAFT_OPTIONS`); the layout flag names one
+    options = {k: getattr(args, k) for k in DRAFT_OPTIONS if getattr(args, k, None) is not None}
+    options["sample_from_anchor"] = getattr(args, "layout", "anchor") == "anchor"
+    cfg = DSparkDraftConfig.for_target(tc, target_layer_ids=taps, num_hidden_layers=args.layers, **options)
     only_confidence = getattr(args, "train_only", None) == "confidence"
     if cfg.confidence_head and getattr(args, "chain_tokens", "target") != "target":
         raise SystemExit("--confidence-head: its labels are the teacher-forced acceptance (previous "

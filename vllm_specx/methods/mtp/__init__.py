@@ -29,7 +29,12 @@ index_share_for_mtp_iteration  refused   needs DSA attention in the MTP layer; t
                                          layers are dense (KVShare is the checkpoint's kv_share)
 dspark_draft_topk              refused   DSpark only
 use_local_argmax_reduction     refused   drafts are sampled from the full logits
+enable_adaptive_verification   honoured  the same switch as vllm-specx's `adaptive: true`
 =============================  ========  ======================================================
+
+Adaptive drafting (`adaptive: true`, `vllm_specx.adaptive`): per-request cuts, fewer chain steps
+when the scheduler's horizon is short, and skipped passes whose step-0 K/V are deferred and
+written exactly (`proposer.py`); the confidence is the online estimator's (no confidence head).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ SPEC_OPTIONS = (
     ("dspark_draft_topk", "refused", "it configures DSpark drafts only"),
     ("use_local_argmax_reduction", "refused", "vllm-specx's MTP drafts are picked from the full "
      "logits (greedy or sampled with their exact distribution)"),
+    ("enable_adaptive_verification", "honoured", "the same switch as vllm-specx's `adaptive: true` "
+     "(confidence-scheduled drafting on the V1 runner)"),
 )
 
 METHOD = registry.register(registry.Method(
@@ -88,9 +95,13 @@ METHOD = registry.register(registry.Method(
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._update_positions_dependent_metadata",
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_draft_tokens",
         "vllm.v1.spec_decode.utils:PADDING_SLOT_ID",
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.set_inputs_first_pass",
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.prepare_next_token_ids_padded",
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.dummy_run",
         "vllm.v1.sample.sampler:_SAMPLING_EPS",
     ),
     description="one shared MTP layer (DeepSeek/GLM style) with KVShare, for targets without "
                 "a native MTP layer",
     spec_options=SPEC_OPTIONS,
+    adaptive_drafting=True,
 ))

@@ -82,6 +82,30 @@ class SpecxMTPForCausalLM(vocab.ServedVocabMap, Eagle3LlamaForCausalLM):
         g = m.shared_head.norm(x + residual)
         return g, g
 
+    def store_context_kv(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                         slot_mapping: torch.Tensor | None) -> None:
+        """Write step 0's K/V for rows (input_ids [N], positions [N], hidden_states [N, H]) into
+        the layer's paged cache at slot_mapping [N] (None: compute only) - what `forward`'s
+        attention writes for them, without the attention, the MLP or the logits: K = RoPE(k_proj(
+        input_layernorm(eh_proj(cat[enorm(embed(x)), hnorm(h)])))), V = v_proj(same). Used for
+        the context a skipped adaptive pass defers (`MTPProposer._flush_context`)."""
+        m = self.model
+        u = m.eh_proj(torch.cat([m.enorm(self.embed_input_ids(input_ids)), m.hnorm(hidden_states)], -1))
+        blk = m.mtp_block
+        sa = blk.self_attn
+        qkv, _ = sa.qkv_proj(blk.input_layernorm(u))
+        q, k, v = qkv.split([sa.q_size, sa.kv_size, sa.kv_size], dim=-1)
+        _, k = sa.rotary_emb(positions, q, k)
+        if slot_mapping is None:
+            return
+        attn = sa.attn
+        if not hasattr(attn.impl, "do_kv_cache_update"):
+            raise RuntimeError(f"vllm-specx MTP adaptive drafting: the attention backend "
+                               f"{type(attn.impl).__name__} cannot write K/V outside its forward")
+        attn.impl.do_kv_cache_update(attn, k.reshape(-1, attn.num_kv_heads, attn.head_size),
+                                     v.reshape(-1, attn.num_kv_heads, attn.head_size_v), attn.kv_cache,
+                                     slot_mapping)
+
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """K3: the fused step-0 hidden input from the captured target layers [N, n*H] -> [N, H]."""
         return self.model.fc(hidden_states)

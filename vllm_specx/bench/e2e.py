@@ -36,7 +36,7 @@ from pathlib import Path
 from vllm_specx import assets, registry, targets
 from vllm_specx.assets import render  # noqa: F401  (the benchmark's inputs; used below and by tools)
 from vllm_specx.checkpoint import read_config_json
-from vllm_specx.eval import generate_measured
+from vllm_specx.bench.eval import generate_measured
 
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 VLLM_DRAFTERS = ("eagle3",)  # vLLM built-in methods taking a draft dir: `--method eagle3=DIR`

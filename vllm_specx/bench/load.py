@@ -22,7 +22,9 @@ import os
 import time
 from pathlib import Path
 
-from vllm_specx import assets, bench, loadgen, targets
+from vllm_specx import assets, targets
+from vllm_specx.bench import e2e as bench
+from vllm_specx.bench import loadgen
 
 
 def parser() -> argparse.ArgumentParser:
