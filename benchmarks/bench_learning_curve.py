@@ -14,6 +14,11 @@ target's tokens wherever its drafts are accepted; the reference equals serving t
 `tests/e2e`). Served tau at batch 16 for the largest size is the SmolLM2 table
 (`vllm-specx bench`, benchmarks/results/README.md).
 
+`--export PROVIDER=DIR` (repeatable) copies the largest size's run of PROVIDER to DIR as a
+committed draft: its tensors in bfloat16 (what `train --save-dtype bfloat16`, now in the budget
+flags, writes; runs saved before that are cast here the same way), config.json, and training.json
+with the command that re-trains it (`vllm-specx train --config DIR/training.json`).
+
 Runs are resumable: a run whose training.json exists is read, not re-run, and an interrupted run
 continues from its last trainer_state.pt (`train --resume`, every 100 steps). `--jobs 2` trains
 two runs at once, one thread each.
@@ -58,7 +63,8 @@ def budget_flags(args) -> list[str]:
     return ["--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
             "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", "1", "--dtype", "bfloat16",
             "--val-samples", str(args.val_samples), "--val-every", str(args.steps),
-            "--save-every", str(min(100, args.steps)), "--seed", str(args.seed), "--eval-drafts", str(args.k)]
+            "--save-every", str(min(100, args.steps)), "--seed", str(args.seed), "--eval-drafts", str(args.k),
+            "--save-dtype", "bfloat16"]
 
 
 def command(args, provider: str, size: int, out: Path) -> list[str]:
@@ -111,6 +117,8 @@ def run_all(args) -> list[dict]:
 
 
 def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
+    from vllm_specx.training.trainer import command_flags
+
     rows = []
     for p, n in runs:
         rec = json.loads((args.runs / f"{p}-{n}" / "training.json").read_text())
@@ -121,7 +129,8 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
                      "eval": {k: {"tau": v["tau_greedy"], "tau_sampled": v.get("tau_sampled"),
                                   "acceptance_per_pos": v["val_acc_per_pos"], "blocks": v["blocks"]}
                               for k, v in rec.get("eval", {}).items()},
-                     "command": rec["command"]})
+                     # re-rendered from the recorded arguments (older records wrote lists as one flag)
+                     "command": "vllm-specx train " + command_flags(argparse.Namespace(**rec["args"]))})
     return rows
 
 
@@ -189,6 +198,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--export", action="append", default=[], metavar="PROVIDER=DIR",
+                    help="copy the largest size's run of PROVIDER to DIR as a committed draft (bf16); "
+                         "with --report-only, after the report")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: the report of the runs finished so far (a partial curve)")
     args = ap.parse_args()
@@ -221,6 +233,49 @@ def main() -> None:
     plot(rows, sets, args.out / "learning_curve.png",
          f"{args.target}: τ vs training responses ({args.steps} steps × batch {args.batch} each)")
     print(f"wrote {args.out}")
+    for spec in args.export:
+        provider, _, dest = spec.partition("=")
+        if provider not in PROVIDERS or not dest:
+            raise SystemExit(f"--export {spec}: give PROVIDER=DIR with PROVIDER one of {list(PROVIDERS)}")
+        export(args.runs / f"{provider}-{max(args.sizes)}", Path(dest), args)
+
+
+def export(run: Path, dest: Path, args) -> None:
+    """`run` (a finished training run) as a committed draft in `dest`: tensors cast to bfloat16
+    (floating ones; maps stay integer), config.json's torch_dtype said so, training.json with
+    the portable command (`~/.cache/...` paths, `--save-dtype bfloat16`) that re-trains it."""
+    from safetensors.torch import load_file, save_file
+
+    if not (run / "training.json").is_file():
+        raise SystemExit(f"--export: {run} has not finished (no training.json)")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in dest.iterdir():
+        if f.is_file():
+            f.unlink()
+    for f in sorted(run.glob("*.safetensors")):
+        tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                   for k, v in load_file(str(f)).items()}
+        save_file(tensors, str(dest / f.name))
+    config = json.loads((run / "config.json").read_text())
+    if "torch_dtype" in config:
+        config["torch_dtype"] = "bfloat16"
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    rec = json.loads((run / "training.json").read_text())
+    home = str(Path.home())
+    portable = lambda t: t.replace(home, "~")  # noqa: E731
+    rec["args"] = {k: (portable(v) if isinstance(v, str) else [portable(x) for x in v] if isinstance(v, list) else v)
+                   for k, v in rec["args"].items()}
+    rec["args"]["save_dtype"] = "bfloat16"
+    rec["args"]["resume"] = False
+    from vllm_specx.training.trainer import command_flags
+
+    rec["command"] = "vllm-specx train " + command_flags(argparse.Namespace(**rec["args"]))
+    rec["exported"] = {"from": portable(str(run)), "tensors": "bfloat16",
+                       "reproduce": f"vllm-specx train --config {dest}/training.json, or the learning "
+                                    f"curve's command (benchmarks/bench_learning_curve.py)"}
+    (dest / "training.json").write_text(json.dumps(rec, indent=1) + "\n")
+    size = sum(f.stat().st_size for f in dest.iterdir()) / 2**20
+    print(f"exported {run.name} -> {dest} ({size:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Calibration of a DSpark draft's confidence head on held-out on-policy data: does p_k, the head's
 probability that draft slot k is accepted given slots < k were, match how often it is?
 
-    python benchmarks/confidence_calibration.py --draft assets/drafts/smollm2-dspark-ce-conf \
+    python benchmarks/confidence_calibration.py --draft assets/drafts/smollm2-dspark-conf \
         --target smollm2 --data runs/smollm2-data-recipe --samples 64 \
         --out benchmarks/results/confidence-smollm2
 

@@ -27,7 +27,7 @@ K = 7
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 # target -> (prompt set, {label: draft asset or None}); the drafts are committed under assets/drafts.
 DEMOS = {
-    "smollm2": ("humaneval", {"EAGLE-3 (vLLM)": "smollm2-eagle3", "DSpark (ours)": "smollm2-dspark-ce",
+    "smollm2": ("humaneval", {"EAGLE-3 (vLLM)": "smollm2-eagle3", "DSpark (ours)": "smollm2-dspark",
                               "MTP (ours)": "smollm2-mtp"}),
     "ref": ("code", {"EAGLE-3 (vLLM)": "ref-eagle3", "DSpark (ours)": "ref-dspark", "MTP (ours)": "ref-mtp"}),
 }

@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-benchmarks/results/adaptive-smollm2}"
-HEAD=assets/drafts/smollm2-dspark-ce
-CONF=assets/drafts/smollm2-dspark-ce-conf
+HEAD=assets/drafts/smollm2-dspark
+CONF=assets/drafts/smollm2-dspark-conf
 methods=(--method no-spec --method "dspark-ce=$HEAD" --method "dspark-ce-adaptive=$HEAD+adaptive")
 if [ -f "$CONF/config.json" ]; then
   methods+=(--method "dspark-ce-conf-adaptive=$CONF+adaptive")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DSpark's confidence head (issue 14, part 1) for the committed SmolLM2 head: adds a
 # "hidden+markov" confidence head (p_k = sigmoid(proj([h_k; W1[prev_k]])), the probability that
-# draft slot k is accepted given slots < k were) to assets/drafts/smollm2-dspark-ce and trains it
+# draft slot k is accepted given slots < k were) to assets/drafts/smollm2-dspark and trains it
 # alone (`--train-only confidence`: every other tensor is saved bit for bit as it was), then
 # measures its calibration on held-out samples.
 #
@@ -14,16 +14,16 @@
 # optimism new prompts do not earn); 64 of the other 511 are held back (the trainer's validation
 # split), and the calibration report re-draws exactly that split. The flags after --taps are the
 # committed head's own (its training.json), so the warm start copies every tensor of it.
-# Writes runs/smollm2-dspark-ce-conf (the run), assets/drafts/smollm2-dspark-ce-conf (its
+# Writes runs/smollm2-dspark-conf (the run), assets/drafts/smollm2-dspark-conf (its
 # config.json, model.safetensors, training.json) and benchmarks/results/confidence-smollm2/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VLLM_CPU_NUM_OF_RESERVED_CPU=0
 SPECX=.venv/bin/vllm-specx
 DATA=runs/smollm2-data-recipe
-BASE=assets/drafts/smollm2-dspark-ce
-RUN=runs/smollm2-dspark-ce-conf
-OUT=assets/drafts/smollm2-dspark-ce-conf
+BASE=assets/drafts/smollm2-dspark
+RUN=runs/smollm2-dspark-conf
+OUT=assets/drafts/smollm2-dspark-conf
 if [[ ! -f $DATA/meta.json ]]; then
   $SPECX gen-data --target smollm2 --prompts chat-train --spread 640 --max-tokens 256 --stop-at-eos \
     --taps 1,14,26,29 --topk 32 --out $DATA

@@ -3,8 +3,9 @@ its committed MTP draft: greedy output stays the no-spec output while drafts are
 and whole passes are skipped (counters prove both); skipped passes' step-0 K/V, deferred and
 written in one batch before the next draft pass, give exactly the drafts that vLLM's own eager
 step 0 gives (negative control: dropping the queue changes them). The distribution test (T = 1
-and top-p 0.9) is `test_lossless.py[mtp-adaptive-reduced-vocab]`. The deferred-context test (3
-engines) is in the full tier."""
+and top-p 0.9) is `test_lossless.py[mtp-adaptive-reduced-vocab]`. In CI (e2e): one engine
+(cost-model mode: cuts and skipped passes) and a config-time refusal; the skipped-pass-heavy run,
+the deferred-context test (3 engines) and the worker-side refusal are in the full tier."""
 
 import pytest
 from vllm import SamplingParams
@@ -45,8 +46,8 @@ def _drafter_stats(worker) -> dict:
 
 def test_mtp_greedy_output_unchanged_while_drafts_are_cut_and_passes_skipped(prompts, nospec):
     """Cost-model mode on the committed draft: cuts (requests verify different lengths, fewer
-    verified than drafted), skipped passes with deferred step-0 K/V flushed, vLLM's counters
-    follow ours; greedy output = no-spec."""
+    verified than drafted) and skipped passes (their step-0 K/V deferred, then flushed), vLLM's
+    counters follow ours; greedy output = no-spec. One engine: CI's MTP adaptive guarantee."""
     outs, metrics, st, drafter = _run(_spec(adaptive_threshold=0.6, adaptive_max_skip=4), prompts)
     assert outs == nospec
     assert st is not None and st["confidence"] == "estimator" and st["draft_passes"] > 0, st
@@ -55,8 +56,11 @@ def test_mtp_greedy_output_unchanged_while_drafts_are_cut_and_passes_skipped(pro
     assert 0.85 * st["verified_tokens"] <= metrics["num_draft_tokens"] <= st["verified_tokens"], (metrics, st)
     assert metrics["num_accepted_tokens"] == st["realised_accepted"], (metrics, st)
     assert "target_ms" in st["costs"], st
+    assert st["skipped_passes"] > 0 and drafter["deferred_tokens"] > 0 and drafter["context_flushes"] > 0, \
+        (st, drafter)
 
 
+@pytest.mark.full
 def test_mtp_skipped_passes_defer_step0_and_drafting_resumes(prompts, nospec):
     """A threshold no draft reaches: most passes are skipped (their step-0 K/V queued and
     flushed), probes still draft; output = no-spec."""
@@ -98,7 +102,7 @@ def test_mtp_skipped_passes_step0_kv_is_deferred_exactly(scheduled_drafts, nospe
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"adaptive_confidence": "head"}, "adaptive_confidence"),
+    pytest.param({"adaptive_confidence": "head"}, "adaptive_confidence", marks=pytest.mark.full),  # an engine start
     ({"adaptive_max_skip": 0}, "adaptive_max_skip"),
 ])
 def test_mtp_adaptive_settings_it_cannot_honour_are_refused_by_name(extra, field):

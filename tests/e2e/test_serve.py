@@ -45,6 +45,7 @@ def test_serve_completions_and_spec_decode_metrics(server):
     assert "DSparkProposer active" in log.read_text()  # logged by our proposer in the worker
 
 
+@pytest.mark.full  # the CLI route is CI's with DSpark; MTP's routing and parity are CI's offline
 def test_serve_runs_our_mtp_proposer(tmp_path, nospec_tokens):
     """`vllm serve <ref target> --speculative-config '{"method": "mtp", "model": <committed MTP>}'`:
     our MTPProposer runs in the worker, vLLM counts its drafts, and the greedy tokens equal those

@@ -109,7 +109,8 @@ def parse_provider(text: str) -> Provider:
         extra["adaptive"] = True
     builtin = label.partition("-")[0]  # `eagle3=DIR` or `eagle3-LABEL=DIR`: vLLM's own method
     if builtin in VLLM_DRAFTERS and extra.get("adaptive"):
-        raise ValueError(f"--method {text}: adaptive drafting is vllm-specx's (DSpark drafts), not {builtin}'s")
+        raise ValueError(f"--method {text}: adaptive drafting is vllm-specx's (drafts of "
+                         f"{registry.adaptive_methods()}), not {builtin}'s")
     if builtin in VLLM_DRAFTERS:
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"--method {text}: {path} has no config.json")

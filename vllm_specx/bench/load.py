@@ -4,7 +4,7 @@ n-gram, our drafts), reporting throughput, time to first token and inter-token l
 (TPOT, after the first), and vLLM's own spec-decode counters. JSON + table + PNG; not a test.
 
     vllm-specx load --target smollm2 --prompts humaneval --rate 0.5 --duration 150 \\
-        --method no-spec --method ngram --method dspark=assets/drafts/smollm2-dspark-ce \\
+        --method no-spec --method ngram --method dspark=assets/drafts/smollm2-dspark \\
         --out benchmarks/results/load-smollm2
 
 Requests arrive as a Poisson process at `--rate` per second for `--duration` seconds (the same
