@@ -1,5 +1,5 @@
-"""Learning curve (issue 27, item 3): tau against training-data size for DSpark (baseline and the
-full recipe), our MTP (GLM-5.2 recipe: final-layer tap, KVShare, chain TV) and the EAGLE-3
+"""Learning curve (issue 27, item 3): tau against training-data size for DSpark (baseline, the
+full recipe, and the recipe's switches with the vanilla Markov head), our MTP (GLM-5.2 recipe: final-layer tap, KVShare, chain TV) and the EAGLE-3
 baseline, every provider at the same budget (steps x batch x blocks) at every size.
 
 Sizes are nested: size N trains on the N samples after the first `--val-samples` in the data's
@@ -48,8 +48,13 @@ from _report import provenance, write_report  # noqa: E402
 
 # Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
 PROVIDERS = {
+    # DSpark baseline: none of the full recipe (the trainer turns its three switches on by default)
     "dspark-baseline": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                        "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor"],
+                        "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor",
+                        "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries"],
+    # the full recipe's three switches with the vanilla Markov head (the recipe less its recurrent head)
+    "dspark-vanilla": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
+                       "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor"],
     "dspark-recipe": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
                       "--markov-rank", "32", "--markov-head-type", "rnn", "--layout", "anchor",
                       "--final-layer-tap", "--per-layer-fusion", "--slot-queries"],

@@ -250,3 +250,31 @@ def test_train_samples_and_eval_data(tmp_path):
     with pytest.raises(SystemExit, match="--train-samples 99: the data holds 24 samples"):
         trainer.train(trainer.parse_args(_train_argv("dspark", data, tmp_path / "c", "--mask-token-id", "2",
                                                      "--train-samples", "99")))
+
+
+def test_an_mtp_draft_restricted_to_a_reduced_vocabulary_without_training(tmp_path):
+    """`--init-from FULL --draft-vocab N --steps 0`: the trained layer unchanged, the output rows
+    the target's LM head at the N most frequent tokens, so the reduced draft's logits are the full
+    draft's at those tokens (what `vllm-specx train` writes for the SmolLM2 16k MTP draft)."""
+    from vllm_specx.checkpoint import load_tensors
+    from vllm_specx.methods.mtp.checkpoint import load as load_mtp
+    from vllm_specx.training import trainer
+    from vllm_specx.training.taps import embed_and_head
+
+    data = _data(tmp_path)
+    trainer.train(trainer.parse_args(_train_argv("mtp", data, tmp_path / "full", "--loss", "ce")))
+    argv = _train_argv("mtp", data, tmp_path / "small", "--loss", "ce", "--init-from", str(tmp_path / "full"),
+                       "--draft-vocab", "600")
+    argv[argv.index("--steps") + 1] = "0"
+    rec = trainer.train(trainer.parse_args(argv))
+    assert len(rec["log"]) == 1 and rec["log"][0]["step"] == 0  # validated, not trained
+    full, small = load_tensors(tmp_path / "full"), load_tensors(tmp_path / "small")
+    for k, v in full.items():
+        assert torch.equal(small[k], v), k
+    embed, head = embed_and_head(load_target(REF_TARGET))
+    a, b = load_mtp(tmp_path / "full", embed, head), load_mtp(tmp_path / "small", embed, head)
+    ids = b.draft_target_ids
+    assert ids is not None and ids.numel() == 600
+    torch.testing.assert_close(b.lm_head, head[ids])
+    h = torch.randn(5, head.shape[1])
+    torch.testing.assert_close(b.logits(h), a.logits(h)[:, ids])

@@ -161,7 +161,9 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--target", required=True, help="a target name (e.g. smollm2) or a model directory")
     ap.add_argument("--data", required=True, help="output folder of `vllm-specx gen-data`")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=600,
+                    help="optimizer steps; 0 with --init-from writes that draft as this run builds it "
+                         "(e.g. restricted to a --draft-vocab) after validating it")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--loss", default="ce", choices=sorted(LOSSES))
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -299,7 +301,7 @@ def train(args: argparse.Namespace) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / args.steps))))
+        opt, lambda s: min(1.0, (s + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / max(1, args.steps)))))
     vrng = random.Random(1)
     val_batches = [h.batch(model, val.subset(range(i, min(i + args.batch, len(val)))), vrng,
                            min(args.batch, len(val) - i), args) for i in range(0, len(val), args.batch)]
