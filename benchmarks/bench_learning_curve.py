@@ -248,7 +248,7 @@ def main() -> None:
 def export(run: Path, dest: Path, args) -> None:
     """`run` (a finished training run) as a committed draft in `dest`: tensors cast to bfloat16
     (floating ones; maps stay integer), config.json's torch_dtype said so, training.json with
-    the portable command (`~/.cache/...` paths, `--save-dtype bfloat16`) that re-trains it."""
+    the portable command and paths (`~/.cache/...`, `--save-dtype bfloat16`) that re-train it."""
     from safetensors.torch import load_file, save_file
 
     if not (run / "training.json").is_file():
@@ -265,17 +265,15 @@ def export(run: Path, dest: Path, args) -> None:
     if "torch_dtype" in config:
         config["torch_dtype"] = "bfloat16"
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    rec = json.loads((run / "training.json").read_text())
     home = str(Path.home())
-    portable = lambda t: t.replace(home, "~")  # noqa: E731
-    rec["args"] = {k: (portable(v) if isinstance(v, str) else [portable(x) for x in v] if isinstance(v, list) else v)
-                   for k, v in rec["args"].items()}
+    # every machine path in the record (arguments, the data's commands) as `~/...`
+    rec = json.loads((run / "training.json").read_text().replace(home, "~"))
     rec["args"]["save_dtype"] = "bfloat16"
     rec["args"]["resume"] = False
     from vllm_specx.training.trainer import command_flags
 
     rec["command"] = "vllm-specx train " + command_flags(argparse.Namespace(**rec["args"]))
-    rec["exported"] = {"from": portable(str(run)), "tensors": "bfloat16",
+    rec["exported"] = {"from": str(run).replace(home, "~"), "tensors": "bfloat16",
                        "reproduce": f"vllm-specx train --config {dest}/training.json, or the learning "
                                     f"curve's command (benchmarks/bench_learning_curve.py)"}
     (dest / "training.json").write_text(json.dumps(rec, indent=1) + "\n")

@@ -428,6 +428,25 @@ def _eager_mtp_context(self, num_speculative_tokens, batch, **kw):
     return torch.zeros(batch, num_speculative_tokens, dtype=torch.int64, device=self.device)
 
 
+def scheduled_runs(target, spec: dict, prompts, params, every: int = 3) -> dict[str, tuple]:
+    """{context: (outputs, drafts of every draft pass, drafter counters)} for the three contexts of
+    `schedule_skipped_passes` ("eager", "deferred", "lost"), one engine each, a draft pass on every
+    `every`-th step. In-process engines: the requests reach the scheduler together, so the three
+    runs see the same steps (over IPC the engine may start stepping before the last one arrives)."""
+    import pytest
+
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        for context in ("eager", "deferred", "lost"):
+            with cpu_llm(target, speculative_config=spec) as llm:
+                llm.collective_rpc(schedule_skipped_passes, kwargs={"every": every, "context": context})
+                outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+                drafts, stats = llm.collective_rpc(read_scheduled_drafts)[0]
+                out[context] = (outs, drafts, stats)
+    return out
+
+
 def read_scheduled_drafts(worker) -> tuple[list, dict]:
     """What `schedule_skipped_passes` recorded, and the drafter's counters."""
     d = worker.model_runner.drafter

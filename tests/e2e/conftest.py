@@ -14,6 +14,8 @@ from .. import helpers as T
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 NOSPEC_PROMPTS, NOSPEC_TOKENS = 16, 64  # the shared reference: load_prompts("code", 16), 64 tokens
+# the adaptive-drafting tests' greedy runs (DSpark and MTP): 16 code prompts x 48 tokens
+ADAPTIVE = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +46,18 @@ def nospec_tokens(nospec_reference):
         assert n_prompts <= NOSPEC_PROMPTS and max_tokens <= NOSPEC_TOKENS, (n_prompts, max_tokens)
         return [ids[:max_tokens] for ids in nospec_reference[:n_prompts]]
     return get
+
+
+@pytest.fixture(scope="session")
+def adaptive_prompts():
+    """The adaptive-drafting tests' prompts: the shared reference's 16 code prompts."""
+    return T.load_prompts("code", limit=NOSPEC_PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def adaptive_nospec(nospec_tokens):
+    """Greedy no-spec token ids of `adaptive_prompts` under `ADAPTIVE`."""
+    return nospec_tokens(NOSPEC_PROMPTS, ADAPTIVE.max_tokens)
 
 
 @pytest.fixture(scope="session")

@@ -7,26 +7,16 @@ the session's (`nospec_tokens`, conftest.py). In the e2e tier: threshold mode an
 the cost-model mode, the deferred context (3 engines) and the confidence head are in the full tier."""
 
 import pytest
-from vllm import SamplingParams
 
 from .. import helpers as T
+from .conftest import ADAPTIVE
 from ..helpers import random_draft, write
 from vllm_specx.adaptive.controller import worker_summary
 
 pytestmark = pytest.mark.e2e
 DRAFT = str(T.ASSETS / "drafts" / "ref-dspark")
-PARAMS = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+PARAMS = ADAPTIVE
 K = 7
-
-
-@pytest.fixture(scope="module")
-def many_prompts():
-    return T.load_prompts("code", limit=16)
-
-
-@pytest.fixture(scope="module")
-def nospec(nospec_tokens):  # the session's no-spec engine (same engine settings), sliced
-    return nospec_tokens(16, PARAMS.max_tokens)
 
 
 def _run(spec_extra, prompts, draft=DRAFT):
@@ -37,11 +27,11 @@ def _run(spec_extra, prompts, draft=DRAFT):
 
 
 @pytest.mark.parametrize("mode", ["threshold", pytest.param("cost-model", marks=pytest.mark.full)])
-def test_greedy_output_unchanged_while_drafts_are_cut(mode, many_prompts, nospec):
+def test_greedy_output_unchanged_while_drafts_are_cut(mode, adaptive_prompts, adaptive_nospec):
     extra = ({"adaptive": True, "adaptive_cost_model": False, "adaptive_threshold": 0.5}
              if mode == "threshold" else {"adaptive": True})
-    outs, metrics, st = _run(extra, many_prompts)
-    assert outs == nospec
+    outs, metrics, st = _run(extra, adaptive_prompts)
+    assert outs == adaptive_nospec
     assert st is not None and st["confidence"] == "estimator" and st["draft_passes"] > 0
     lengths = st["verify_length_counts"]
     assert sum(1 for c in lengths if c) >= 2, lengths  # requests got different lengths
@@ -54,49 +44,34 @@ def test_greedy_output_unchanged_while_drafts_are_cut(mode, many_prompts, nospec
         assert "target_ms" in st["costs"] and st["costs"]["steps_observed"] > 10, st["costs"]
 
 
-def test_skipped_passes_keep_output_and_drafting_resumes(many_prompts, nospec):
+def test_skipped_passes_keep_output_and_drafting_resumes(adaptive_prompts, adaptive_nospec):
     """A threshold no draft reaches makes every plan 'does not pay': passes are skipped with
     back-off (the draft's context cache still written), probes still draft."""
     outs, metrics, st = _run({"adaptive": True, "adaptive_threshold": 0.999, "adaptive_max_skip": 4},
-                             many_prompts)
-    assert outs == nospec
+                             adaptive_prompts)
+    assert outs == adaptive_nospec
     assert st["skipped_passes"] > st["draft_passes"] > 0, st
     assert metrics.get("num_draft_tokens", 0) <= st["verified_tokens"]
 
 
 @pytest.fixture(scope="module")
-def scheduled_drafts(many_prompts):
+def scheduled_drafts(adaptive_prompts):
     """Per context mode: outputs, the drafts of every draft pass, drafter counters, with a
     draft pass on every 3rd step only (threshold mode: every draft of a pass is kept)."""
     spec = {"method": "dspark", "model": DRAFT, "num_speculative_tokens": K, "adaptive": True,
             "adaptive_cost_model": False, "adaptive_threshold": 0.0}
-    out = {}
-    # In-process engine: requests reach the scheduler together, so the three runs see the same
-    # steps (over IPC the engine may start stepping before the last request arrives).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        for context in ("eager", "deferred", "lost"):
-            out[context] = _scheduled_run(spec, context, many_prompts)
-    return out
-
-
-def _scheduled_run(spec, context, prompts):
-    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
-        llm.collective_rpc(T.schedule_skipped_passes, kwargs={"every": 3, "context": context})
-        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
-        drafts, stats = llm.collective_rpc(T.read_scheduled_drafts)[0]
-        return outs, drafts, stats
+    return T.scheduled_runs(T.REF_TARGET, spec, adaptive_prompts, PARAMS)
 
 
 @pytest.mark.full
-def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, nospec):
+def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, adaptive_nospec):
     """Skipped passes queue their context K/V and the next draft pass writes them in one batch:
     every draft pass then drafts what it drafts when each skipped pass writes at once through
     vLLM's own DFlash input path (same context, same cache). Dropping the queue (negative
     control) changes the drafts; the output is the no-spec output in all three."""
     eager, deferred, lost = (scheduled_drafts[c] for c in ("eager", "deferred", "lost"))
     for outs, _, _ in (eager, deferred, lost):
-        assert outs == nospec
+        assert outs == adaptive_nospec
     assert deferred[2]["deferred_tokens"] > 0 and deferred[2]["context_flushes"] > 0, deferred[2]
     assert len(deferred[1]) == len(eager[1]) > 10
     assert deferred[1] == eager[1]
@@ -105,11 +80,11 @@ def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, nospec):
 
 
 @pytest.mark.full
-def test_draft_with_a_confidence_head_uses_it(tmp_path, target, many_prompts, nospec):
+def test_draft_with_a_confidence_head_uses_it(tmp_path, target, adaptive_prompts, adaptive_nospec):
     draft = random_draft(target, confidence_head="hidden+markov")
     path = write(draft, tmp_path / "conf")
-    outs, _, st = _run({"adaptive": True, "adaptive_confidence": "head"}, many_prompts, path)
-    assert outs == nospec and st["confidence"] == "head" and st["draft_passes"] > 0
+    outs, _, st = _run({"adaptive": True, "adaptive_confidence": "head"}, adaptive_prompts, path)
+    assert outs == adaptive_nospec and st["confidence"] == "head" and st["draft_passes"] > 0
     # the estimator is not trained when the head scores the drafts
     assert "estimator" not in st
 

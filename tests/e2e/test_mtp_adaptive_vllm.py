@@ -8,25 +8,15 @@ and top-p 0.9) is `test_lossless.py[mtp-adaptive-reduced-vocab]`. In CI (e2e): o
 the deferred-context test (3 engines) and the worker-side refusal are in the full tier."""
 
 import pytest
-from vllm import SamplingParams
 
 from .. import helpers as T
+from .conftest import ADAPTIVE
 from vllm_specx.adaptive.controller import worker_summary
 
 pytestmark = pytest.mark.e2e
 DRAFT = str(T.ASSETS / "drafts" / "ref-mtp")
-PARAMS = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+PARAMS = ADAPTIVE
 K = 5
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return T.load_prompts("code", limit=16)
-
-
-@pytest.fixture(scope="module")
-def nospec(nospec_tokens):
-    return nospec_tokens(16, PARAMS.max_tokens)
 
 
 def _spec(**extra):
@@ -44,12 +34,12 @@ def _drafter_stats(worker) -> dict:
     return dict(worker.model_runner.drafter.stats)
 
 
-def test_mtp_greedy_output_unchanged_while_drafts_are_cut_and_passes_skipped(prompts, nospec):
+def test_mtp_greedy_output_unchanged_while_drafts_are_cut_and_passes_skipped(adaptive_prompts, adaptive_nospec):
     """Cost-model mode on the committed draft: cuts (requests verify different lengths, fewer
     verified than drafted) and skipped passes (their step-0 K/V deferred, then flushed), vLLM's
     counters follow ours; greedy output = no-spec. One engine: CI's MTP adaptive guarantee."""
-    outs, metrics, st, drafter = _run(_spec(adaptive_threshold=0.6, adaptive_max_skip=4), prompts)
-    assert outs == nospec
+    outs, metrics, st, drafter = _run(_spec(adaptive_threshold=0.6, adaptive_max_skip=4), adaptive_prompts)
+    assert outs == adaptive_nospec
     assert st is not None and st["confidence"] == "estimator" and st["draft_passes"] > 0, st
     assert sum(1 for c in st["verify_length_counts"] if c) >= 2, st["verify_length_counts"]
     assert st["verified_tokens"] < st["drafted_tokens"], st
@@ -61,38 +51,29 @@ def test_mtp_greedy_output_unchanged_while_drafts_are_cut_and_passes_skipped(pro
 
 
 @pytest.mark.full
-def test_mtp_skipped_passes_defer_step0_and_drafting_resumes(prompts, nospec):
+def test_mtp_skipped_passes_defer_step0_and_drafting_resumes(adaptive_prompts, adaptive_nospec):
     """A threshold no draft reaches: most passes are skipped (their step-0 K/V queued and
     flushed), probes still draft; output = no-spec."""
-    outs, metrics, st, drafter = _run(_spec(adaptive_threshold=0.999, adaptive_max_skip=4), prompts)
-    assert outs == nospec
+    outs, metrics, st, drafter = _run(_spec(adaptive_threshold=0.999, adaptive_max_skip=4), adaptive_prompts)
+    assert outs == adaptive_nospec
     assert st["skipped_passes"] > st["draft_passes"] > 0, st
     assert drafter["deferred_tokens"] > 0 and drafter["context_flushes"] > 0, drafter
     assert metrics.get("num_draft_tokens", 0) <= st["verified_tokens"]
 
 
 @pytest.fixture(scope="module")
-def scheduled_drafts(prompts):
-    spec = _spec(adaptive_cost_model=False, adaptive_threshold=0.0)
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the three runs see the same steps
-        for context in ("eager", "deferred", "lost"):
-            with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
-                llm.collective_rpc(T.schedule_skipped_passes, kwargs={"every": 3, "context": context})
-                outs = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
-                drafts, stats = llm.collective_rpc(T.read_scheduled_drafts)[0]
-                out[context] = (outs, drafts, stats)
-    return out
+def scheduled_drafts(adaptive_prompts):
+    return T.scheduled_runs(T.REF_TARGET, _spec(adaptive_cost_model=False, adaptive_threshold=0.0),
+                            adaptive_prompts, PARAMS)
 
 
 @pytest.mark.full
-def test_mtp_skipped_passes_step0_kv_is_deferred_exactly(scheduled_drafts, nospec):
+def test_mtp_skipped_passes_step0_kv_is_deferred_exactly(scheduled_drafts, adaptive_nospec):
     """Every draft pass drafts what it drafts when each skipped pass runs vLLM's step 0 at once;
     dropping the queue (negative control) changes the drafts; output = no-spec in all three."""
     eager, deferred, lost = (scheduled_drafts[c] for c in ("eager", "deferred", "lost"))
     for outs, _, _ in (eager, deferred, lost):
-        assert outs == nospec
+        assert outs == adaptive_nospec
     assert deferred[2]["deferred_tokens"] > 0 and deferred[2]["context_flushes"] > 0, deferred[2]
     assert "deferred_tokens" not in eager[2]
     assert len(deferred[1]) == len(eager[1]) > 10
