@@ -44,4 +44,4 @@ exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
   tests/test_plugin.py tests/test_routing.py tests/test_bad_input.py tests/test_registry.py \
   tests/test_layout.py tests/test_options.py tests/test_vllm033.py tests/test_dspark_heads.py \
   tests/test_speculators_interop.py tests/test_malformed_drafts.py tests/test_dspark_recipe.py \
-  tests/test_adaptive.py "$@"
+  tests/test_adaptive.py tests/training/test_vllm_taps.py "$@"

@@ -60,7 +60,9 @@ def trainer_conditionals(target, draft, prefix: list[int], anchor: int, drafts: 
     return (logits / TEMP).softmax(-1)
 
 
-@pytest.mark.parametrize("fmt", ["specx", "speculators", "recipe-block16"])
+# "speculators" (the fill-in layout's 7 drafts) is full-tier: CI checks that layout's drafts in
+# test_dspark_vllm.py[recipe-fill-in] and speculators checkpoints in test_speculators_vllm.py.
+@pytest.mark.parametrize("fmt", ["specx", pytest.param("speculators", marks=pytest.mark.full), "recipe-block16"])
 def test_draft_probs_equal_reference_conditionals(tmp_path, target, fmt):
     """"recipe-block16": the full recipe (final-layer tap, per-layer fusion, per-slot queries,
     recurrent head), anchor layout, a block of 16 slots drafting 16 tokens, 2 layers."""

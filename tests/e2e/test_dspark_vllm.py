@@ -35,12 +35,15 @@ def _check_drafts_match_reference(llm, target, draft, prompt, n):
 
 # case -> (checkpoint format, anchor layout, recipe switches). "recipe-fill-in": the full recipe
 # (final-layer tap, per-layer fusion, per-slot queries, recurrent head) in DFlash's fill-in layout;
-# the anchor layout with block 16 is covered by test_draft_probs.
+# the anchor layout with block 16 is covered by test_draft_probs. "speculators" is full-tier: CI
+# covers the fill-in layout here ("recipe-fill-in") and speculators checkpoints in vLLM in
+# test_speculators_vllm.py.
 CASES = {"specx": ("specx", True, {}), "speculators": ("speculators", False, {}),
          "recipe-fill-in": ("specx", False, RECIPE)}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c == "speculators" else c
+                                  for c in CASES])
 def test_dspark_proposer_runs_in_worker_and_matches_reference(tmp_path, target, prompts,
                                                               nospec_outputs, case):
     fmt, anchor, recipe = CASES[case]

@@ -15,10 +15,11 @@ it, so the block config must show block calls (and no token-wise ones), the toke
 the reverse, and every verification step of our proposers (DSpark, MTP) must be one of our
 op's calls.
 
-The e2e tier runs no-spec and five configs, one per verifier path: DSpark with block verification,
-adaptive DSpark with block verification, DSpark with a reduced draft vocabulary token-wise, adaptive
-MTP with a reduced draft vocabulary token-wise, and vLLM's n-gram with vLLM's sampler (the CPU
-expand repair on); the full tier adds the other six configs and the negative control.
+The e2e tier runs no-spec and three configs, one per verifier path: DSpark with block verification
+(our op's block path), adaptive MTP with a reduced draft vocabulary (our op's token-wise path, with
+drafts cut, passes skipped and q scattered from a draft vocabulary), and vLLM's n-gram with vLLM's
+sampler (the CPU expand repair on); the full tier adds the other eight configs (adaptive DSpark,
+DSpark's reduced vocabulary, EAGLE-3, ...) and the negative control.
 """
 
 import pytest
@@ -138,11 +139,13 @@ CONFIGS = {
 }
 
 
-# CI (e2e) keeps one config per guarantee; MTP's proposer path is the same with and without a
+# CI (e2e) keeps one config per verifier path; MTP's proposer path is the same with and without a
 # reduced vocabulary (the identity map) and with adaptive drafting off or on (no cut), so CI runs
-# the reduced one with adaptive drafting and the other two are full-tier.
+# the reduced one with adaptive drafting, which also covers the token-wise path and a draft
+# vocabulary for our op; DSpark's adaptive and reduced-vocabulary configs are full-tier (their
+# greedy identity is in CI: test_adaptive_vllm.py, test_reduced_vocab_vllm.py).
 FULL = {"dspark-greedy-drafts", "dspark-probabilistic", "dspark-adaptive-probabilistic", "eagle3-vllm-sampler",
-        "mtp-probabilistic", "mtp-reduced-vocab"}
+        "mtp-probabilistic", "mtp-reduced-vocab", "dspark-adaptive-block", "dspark-reduced-vocab"}
 
 
 def _tiered(names):

@@ -189,6 +189,9 @@ def vllm_internals() -> dict[str, str]:
 
     out = {name: "vllm_specx._vllm_compat.acceptance" for name in acceptance.VLLM_INTERNALS}
     out.update({name: "vllm_specx.engine (gen-data --engine-args)" for name in engine.VLLM_INTERNALS})
+    from vllm_specx.training import vllm_taps
+
+    out.update({name: "vllm_specx.training.vllm_taps (gen-data --taps-via vllm)" for name in vllm_taps.VLLM_INTERNALS})
     for m in registry.methods().values():
         out.update({name: f"method {m.name}" for name in m.vllm_internals})
     return out

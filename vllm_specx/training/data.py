@@ -206,14 +206,26 @@ def taps_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def taps_path(device: str) -> str:
-    """Which path computes the taps, for the log: always a second forward in transformers (on
-    `device`) in this version. vLLM's own hidden-state export (its `extract_hidden_states`
-    drafter with a KV connector, CUDA only) would save that forward on a GPU; it is not wired in
-    (no GPU run has been possible here), so the message says why it did not run."""
-    why = ("vLLM's extract_hidden_states export needs CUDA" if not device.startswith("cuda")
-           else "vLLM's extract_hidden_states export is not wired into gen-data yet")
-    return f"a second forward in transformers ({why})"
+TAPS_VIA = ("auto", "vllm", "transformers")
+
+
+def taps_via(via: str, device: str) -> str:
+    """`--taps-via`: as given, else (auto) vLLM's own hidden-state export when the taps are for a
+    CUDA device (it saves loading the target a second time in transformers), else transformers
+    (on CPU a small target's forward costs less than a second engine start)."""
+    if via not in TAPS_VIA:
+        raise ValueError(f"--taps-via {via!r}: one of {', '.join(TAPS_VIA)}")
+    if via != "auto":
+        return via
+    return "vllm" if device.startswith("cuda") else "transformers"
+
+
+def taps_path(device: str, via: str = "transformers") -> str:
+    """Which path computes the taps, for the log."""
+    if via == "vllm":
+        return ("vLLM's extract_hidden_states export (a prefill of each sequence in vLLM's engine, "
+                "hidden states saved by vllm_specx.training.vllm_taps.HiddenStatesConnector)")
+    return f"a second forward in transformers on {device}"
 
 
 def _shard_file(out: Path, first_id, index: int) -> Path:
@@ -224,34 +236,59 @@ def _shard_file(out: Path, first_id, index: int) -> Path:
 
 
 def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
-               dtype: str = "float32", device: str | None = None) -> None:
+               dtype: str = "float32", device: str | None = None, via: str = "transformers",
+               engine_args: dict | None = None) -> None:
     """Store the target's taps (and, with topk > 0, its top-k next-token log-probabilities) for
-    every generated sequence, one safetensors file per shard, computed on `device` (`taps_device`)."""
+    every generated sequence, one safetensors file per shard: by a forward in transformers on
+    `device` (`taps_device`), or (via="vllm") exported by vLLM's engine (`vllm_taps`, with
+    `engine_args` over `engine.CPU_ENGINE_ARGS`). Both give the same tensors (`taps.target_taps`
+    is the contract; a test compares them)."""
     from vllm_specx.training.taps import load_target, target_taps
 
     rows = _read_jsonl(out / "tokens.jsonl")
     (out / "taps").mkdir(exist_ok=True)
-    model, device = None, taps_device(device)
-    for i in tqdm(range(0, len(rows), shard), desc="taps", unit="shard"):
-        file = _shard_file(out, rows[i]["id"], i)
-        if file.exists():
-            continue
-        model = model or load_target(target, getattr(torch, dtype)).to(device)
-        seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
-        # One padded forward per shard: right padding cannot change a causal model's earlier rows.
-        got = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device), layer_ids,
-                          topk=topk)
-        taps, (top_logp, top_ids) = (got.cpu(), (None, None)) if not topk else (
-            got[0].cpu(), (got[1][0].cpu(), got[1][1].cpu()))
-        tensors = {}
-        for n, (r, ids, t) in enumerate(zip(rows[i:i + shard], seqs, taps)):
-            tensors[f"ids_{r['id']}"] = ids
-            tensors[f"taps_{r['id']}"] = t[: len(ids)].half()
-            if topk:
-                tensors[f"topk_ids_{r['id']}"] = top_ids[n, : len(ids)].int().contiguous()
-                tensors[f"topk_logp_{r['id']}"] = top_logp[n, : len(ids)].float().contiguous()
-        save_file(tensors, str(file.with_suffix(".tmp")))
-        file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
+    model, device, engine = None, taps_device(device), None
+    try:
+        for i in tqdm(range(0, len(rows), shard), desc="taps", unit="shard"):
+            file = _shard_file(out, rows[i]["id"], i)
+            if file.exists():
+                continue
+            seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
+            if via == "vllm":
+                if engine is None:
+                    from vllm_specx.training.vllm_taps import VllmTaps
+
+                    engine = VllmTaps(target, layer_ids, topk, dtype, engine_args,
+                                      max_len=max(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows))
+                got = engine([s.tolist() for s in seqs])
+                taps = [g if not topk else g[0] for g in got]
+                top_logp = [g[1][0] for g in got] if topk else None
+                top_ids = [g[1][1] for g in got] if topk else None
+            else:
+                model = model or load_target(target, getattr(torch, dtype)).to(device)
+                # One padded forward per shard: right padding cannot change a causal model's earlier rows.
+                got = target_taps(model, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device),
+                                  layer_ids, topk=topk)
+                taps, (top_logp, top_ids) = (got.cpu(), (None, None)) if not topk else (
+                    got[0].cpu(), (got[1][0].cpu(), got[1][1].cpu()))
+            _save_shard(file, rows[i:i + shard], seqs, taps, top_logp, top_ids)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _save_shard(file: Path, rows, seqs, taps, top_logp, top_ids) -> None:
+    """One shard: per sample its ids, taps (fp16) and, when given, top-k ids/log-probs (rows of
+    `taps` etc. may be padded beyond the sample's length)."""
+    tensors = {}
+    for n, (r, ids, t) in enumerate(zip(rows, seqs, taps)):
+        tensors[f"ids_{r['id']}"] = ids
+        tensors[f"taps_{r['id']}"] = t[: len(ids)].half().contiguous()
+        if top_ids is not None:
+            tensors[f"topk_ids_{r['id']}"] = top_ids[n][: len(ids)].int().contiguous()
+            tensors[f"topk_logp_{r['id']}"] = top_logp[n][: len(ids)].float().contiguous()
+    save_file(tensors, str(file.with_suffix(".tmp")))
+    file.with_suffix(".tmp").rename(file)  # a shard is either complete or absent
 
 
 def export_tokens(out: Path, file: Path) -> dict:
@@ -403,6 +440,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None,
                     help="where the taps/top-k forward runs: cuda, cuda:1, cpu (default: cuda when "
                          "available, else cpu); generation runs in vLLM on its own platform")
+    ap.add_argument("--taps-via", default="auto", choices=list(TAPS_VIA),
+                    help="what computes the taps/top-k: vllm (vLLM's extract_hidden_states export, in "
+                         "an engine with --engine-args), transformers (a second forward on --device), "
+                         "auto (default: vllm when --device is cuda, else transformers)")
     ap.add_argument("--limit", type=int, default=None, help="the first N prompts")
     ap.add_argument("--spread", type=int, default=None,
                     help="N prompts spread evenly over the set (every len/N-th), after --limit")
@@ -446,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     args.device = taps_device(args.device)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch build sees no CUDA device (use --device cpu)")
-    if not args.taps_only:
+    via = taps_via(args.taps_via, args.device)
+    if not args.taps_only or via == "vllm":
         from vllm_specx.engine import engine_args
 
         try:
@@ -477,8 +519,10 @@ def main(argv: list[str] | None = None) -> None:
                         ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
     print(f"data: {out}")
     if taps:
-        print(f"taps: {len(taps)} layers on {args.device} in {args.dtype}, by {taps_path(args.device)}")
-        write_taps(target, out, taps, topk=args.topk, dtype=args.dtype, device=args.device)
+        where = "in vLLM's engine" if via == "vllm" else f"on {args.device}"
+        print(f"taps: {len(taps)} layers {where} in {args.dtype}, by {taps_path(args.device, via)}")
+        write_taps(target, out, taps, topk=args.topk, dtype=args.dtype, device=args.device, via=via,
+                   engine_args=args.engine_args)
     elif args.topk:
         raise ValueError("--topk needs --taps (they are stored together)")
 
