@@ -9,6 +9,9 @@ inherit the test process's `sys.path`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from vllm_specx import assets
@@ -22,6 +25,18 @@ from vllm_specx.training.taps import embed_and_head, load_target, target_taps  #
 ASSETS = assets.root()
 REF_TARGET = ASSETS / "ref-target"
 load_prompts = assets.load_prompts
+
+
+def data_folder(path, rows: list[dict], **meta) -> Path:
+    """A gen-data folder holding `rows` (tokens.jsonl) without taps: meta.json for the reference
+    target's `train` prompts (`meta` overrides) and a commands file."""
+    path = Path(path)
+    path.mkdir(parents=True)
+    (path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [], "max_tokens": 8,
+                                                "temperature": 0.0, "prompts": "train", **meta}))
+    (path / "commands.txt").write_text("vllm-specx gen-data --target x --prompts train\n")
+    return path
 
 
 def random_draft(target, taps=(1, 4, 6), block_size=8, layers=1, anchor=True, seed=0, draft_vocab=None,

@@ -5,8 +5,6 @@ final one, whose tap is before the final norm in both), one vLLM engine with its
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,19 +17,12 @@ pytestmark = pytest.mark.e2e
 TAPS, TOPK, HIDDEN = "1,4,7", 8, 256  # the reference target: 8 layers, hidden 256
 
 
-def _folder(path, rows):
-    path.mkdir(parents=True)
-    (path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "meta.json").write_text(json.dumps({"target": str(T.REF_TARGET), "taps": [], "max_tokens": 8,
-                                                "temperature": 0.0, "prompts": "train"}))
-
-
 def test_vllm_taps_equal_transformers_taps(tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
     rows = [{"id": i, "prompt_ids": torch.randint(0, 4000, (5 + 3 * i,), generator=g).tolist(),
              "output_ids": torch.randint(0, 4000, (8,), generator=g).tolist()} for i in range(6)]
     for via in ("transformers", "vllm"):
-        _folder(tmp_path / via, rows)
+        T.data_folder(tmp_path / via, rows)
         main(["--target", str(T.REF_TARGET), "--prompts", "train", "--out", str(tmp_path / via), "--taps", TAPS,
               "--topk", str(TOPK), "--max-tokens", "8", "--taps-only", "--taps-via", via, "--device", "cpu"])
     assert "by vLLM's extract_hidden_states export" in capsys.readouterr().out

@@ -11,14 +11,7 @@ from safetensors.torch import load_file
 from vllm_specx.training.data import export_tokens, import_tokens, main
 
 from ..helpers import REF_TARGET
-
-
-def _folder(path, rows, **meta):
-    path.mkdir(parents=True)
-    (path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "meta.json").write_text(json.dumps({"target": str(REF_TARGET), "taps": [], "max_tokens": 8,
-                                                "temperature": 0.0, "prompts": "train", **meta}))
-    (path / "commands.txt").write_text("vllm-specx gen-data --target x --prompts train\n")
+from ..helpers import data_folder as _folder
 
 
 ROWS = [{"id": 3, "prompt_ids": [5, 6, 7], "output_ids": [8, 9, 10, 11]},

@@ -260,10 +260,7 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
 
                     engine = VllmTaps(target, layer_ids, topk, dtype, engine_args,
                                       max_len=max(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows))
-                got = engine([s.tolist() for s in seqs])
-                taps = [g if not topk else g[0] for g in got]
-                top_logp = [g[1][0] for g in got] if topk else None
-                top_ids = [g[1][1] for g in got] if topk else None
+                taps, top_logp, top_ids = engine([s.tolist() for s in seqs])
             else:
                 model = model or load_target(target, getattr(torch, dtype)).to(device)
                 # One padded forward per shard: right padding cannot change a causal model's earlier rows.

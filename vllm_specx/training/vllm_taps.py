@@ -34,6 +34,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
+from vllm_specx.engine import CPU_ENGINE_ARGS, cpu_llm
+
 VLLM_INTERNALS = (
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:ExampleHiddenStatesConnector",
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:extract_from_kv_cache",
@@ -108,13 +110,12 @@ def _top(entries: dict, k: int) -> tuple[list[float], list[int]]:
 
 
 class VllmTaps:
-    """An engine exporting taps; `__call__(seqs)` -> per sequence taps [T, n * H] float32 (and,
-    with topk, (logp [T, k] float32, ids [T, k] int64))."""
+    """An engine exporting taps; `__call__(seqs)` -> (taps, top_logp, top_ids), lists with one
+    entry per sequence: taps [T, n * H] float32, and with topk logp [T, k] float32 and ids [T, k]
+    int64 (None without topk). `close()` shuts the engine down."""
 
     def __init__(self, target: str, layer_ids: tuple[int, ...], topk: int = 0, dtype: str = "float32",
                  engine_args: dict | None = None, max_len: int = 0):
-        from vllm_specx.engine import CPU_ENGINE_ARGS
-
         taken = sorted({"speculative_config", "kv_transfer_config"} & set(engine_args or {}))
         if taken:
             raise ValueError(f"--engine-args {taken}: the hidden-state export sets these itself "
@@ -127,8 +128,6 @@ class VllmTaps:
         if max_len:  # every sequence is prefilled whole, plus the one generated position
             args.setdefault("max_model_len", max(CPU_ENGINE_ARGS["max_model_len"], max_len + 1))
         self._stack = contextlib.ExitStack()
-        from vllm_specx.engine import cpu_llm
-
         self.llm = self._stack.enter_context(cpu_llm(
             target, speculative_config=speculative_config(self.layer_ids),
             kv_transfer_config=kv_transfer_config(self.store), **args))
@@ -139,7 +138,7 @@ class VllmTaps:
         k = self.topk or None
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False)
         outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
-        got = []
+        taps, top_logp, top_ids = [], [], []
         for seq, o in zip(seqs, outs):
             path = (o.kv_transfer_params or {}).get("hidden_states_path")
             if path is None:
@@ -151,21 +150,13 @@ class VllmTaps:
             if ids.tolist() != list(seq) or hidden.shape[:2] != (len(seq), len(self.layer_ids)):
                 raise RuntimeError(f"vLLM saved hidden states {tuple(hidden.shape)} for {len(ids)} tokens; "
                                    f"expected ({len(seq)}, {len(self.layer_ids)}, hidden) for the sequence")
-            taps = hidden.reshape(len(seq), -1).float()
-            if not self.topk:
-                got.append(taps)
-                continue
-            rows = [_top(p, self.topk) for p in o.prompt_logprobs[1:]] + [_top(o.outputs[0].logprobs[0], self.topk)]
-            got.append((taps, (torch.tensor([r[0] for r in rows], dtype=torch.float32),
-                               torch.tensor([r[1] for r in rows], dtype=torch.long))))
-        return got
+            taps.append(hidden.reshape(len(seq), -1).float())
+            if self.topk:
+                rows = [_top(p, self.topk) for p in o.prompt_logprobs[1:]] + [_top(o.outputs[0].logprobs[0], self.topk)]
+                top_logp.append(torch.tensor([r[0] for r in rows], dtype=torch.float32))
+                top_ids.append(torch.tensor([r[1] for r in rows], dtype=torch.long))
+        return (taps, top_logp, top_ids) if self.topk else (taps, None, None)
 
     def close(self) -> None:
         self._stack.close()
         shutil.rmtree(self.store, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
