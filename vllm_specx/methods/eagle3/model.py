@@ -133,7 +133,7 @@ class Eagle3Draft(vocab.ReferenceVocabMap, nn.Module):
     def greedy_drafts(self, taps: torch.Tensor, ids: torch.Tensor, n: int) -> list[int]:
         """Reference greedy drafts for one request: context taps [T, n*Ht] of positions 0..T-1
         and the verified tokens ids [T + 1] (the last one is the anchor, position T)."""
-        a = torch.tensor([[ids.shape[0] - 1]])
+        a = torch.tensor([[ids.shape[0] - 1]], device=ids.device)
         pad = F.pad(ids, (0, n))[None]
         taps = F.pad(taps, (0, 0, 0, n + 1))[None]
         return vocab.to_target(self.chain_logits(taps, pad, a, n, "draft")[0, 0].argmax(-1),

@@ -23,6 +23,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--taps", default="",
                     help="comma-separated target layers the draft fuses, among the data's taps "
                          "(default: all of the data's taps)")
+    ap.add_argument("--init-from", default=None,
+                    help="start from this EAGLE-3 draft (vLLM's format, e.g. one this trainer wrote): "
+                         "its config must match this run's (taps, vocabulary)")
 
 
 def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Tensor) -> Eagle3Draft:
@@ -38,12 +41,23 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
+    if getattr(args, "init_from", None):
+        from vllm_specx.checkpoint import load_tensors, read_config_json
+
+        try:
+            start = Eagle3Config.from_vllm_config_json(read_config_json(args.init_from))
+            if start != cfg:
+                raise ValueError(f"its config {start} is not this run's {cfg} (give the same --taps "
+                                 f"and --draft-vocab it was trained with)")
+            draft.load_vllm_state_dict(load_tensors(args.init_from))
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise SystemExit(f"--init-from {args.init_from}: {e}") from None
     draft.tap_slices = [data_taps.index(t) for t in cfg.target_layer_ids]
     return draft
 
 
-def batch(draft: Eagle3Draft, samples, rng: random.Random, size: int, args) -> dict:
-    b = make_batch(samples, rng, size, args.seq_len, args.anchors, args.drafts, mask_id=0)
+def batch(draft: Eagle3Draft, samples, rng: random.Random, size: int, args, at=None) -> dict:
+    b = make_batch(samples, rng, size, args.seq_len, args.anchors, args.drafts, mask_id=0, at=at)
     if draft.tap_slices != list(range(b["taps"].shape[-1] // draft.cfg.target_hidden_size)):
         b["taps"] = select_taps(b["taps"], draft.tap_slices, draft.cfg.target_hidden_size)
     b["chain_tokens"] = args.chain_tokens

@@ -52,7 +52,7 @@ NATIVE_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
 
 
 def _rope_tables(pos: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=pos.device) / dim))
     ang = pos.float()[:, None] * inv[None, :]
     return ang.cos(), ang.sin()  # [N, dim / 2]
 
@@ -152,7 +152,7 @@ class Glm5MTPLayer(nn.Module):
 
     def indexer_topk(self, iq: torch.Tensor, iw: torch.Tensor, ikeys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """Top-k key indices [Q, k] (-1 padded) of queries over keys, `visible [Q, S]` bool."""
-        scores = torch.zeros(iq.shape[0], ikeys.shape[0])
+        scores = torch.zeros(iq.shape[0], ikeys.shape[0], device=iq.device)
         for h in range(iq.shape[1]):
             scores += iw[:, h, None] * torch.relu(iq[:, h] @ ikeys.t())
         scores = scores.masked_fill(~visible, float("-inf"))
@@ -167,9 +167,9 @@ class Glm5MTPLayer(nn.Module):
         k_nope, v = kvb[..., :dn], kvb[..., dn:]
         scale = (dn + c["qk_rope_head_dim"]) ** -0.5
         s = (torch.einsum("qhd,shd->qhs", q_nope, k_nope) + torch.einsum("qhd,sd->qhs", q_rope, keys["k_rope"])) * scale
-        mask = torch.zeros(sel.shape[0], keys["lat"].shape[0], dtype=torch.bool)
+        mask = torch.zeros(sel.shape[0], keys["lat"].shape[0], dtype=torch.bool, device=sel.device)
         valid = sel >= 0
-        mask[torch.arange(sel.shape[0])[:, None].expand_as(sel)[valid], sel[valid].long()] = True
+        mask[torch.arange(sel.shape[0], device=sel.device)[:, None].expand_as(sel)[valid], sel[valid].long()] = True
         s = s.masked_fill(~mask[:, None, :], float("-inf"))
         o = torch.einsum("qhs,shd->qhd", torch.softmax(s, -1), v).reshape(sel.shape[0], -1)
         return self._lin(a + "o_proj", o)
@@ -180,7 +180,7 @@ class Glm5MTPLayer(nn.Module):
             return self._lin("mlp.down_proj", F.silu(self._lin("mlp.gate_proj", x)) * self._lin("mlp.up_proj", x))
         n_exp = c.get("n_routed_experts") or c.get("num_local_experts")
         scores = (x.float() @ w["mlp.gate.weight"].t()).sigmoid()
-        choice = scores + w.get("mlp.gate.e_score_correction_bias", torch.zeros(n_exp))
+        choice = scores + w.get("mlp.gate.e_score_correction_bias", torch.zeros(n_exp, device=x.device))
         groups, tg = c.get("n_group", 1), c.get("topk_group", 1)
         g_scores = choice.view(-1, groups, n_exp // groups).topk(min(2, n_exp // groups), -1)[0].sum(-1)
         keep = torch.zeros_like(g_scores).scatter_(1, g_scores.topk(tg, -1)[1], 1).bool()
@@ -213,28 +213,28 @@ class Glm5MTPLayer(nn.Module):
         """Per-step logits [n, V] from one request: the target's hidden states hidden [a, H] of
         positions 0..a-1, the verified tokens ids [a + 1] (the last is the anchor); step j's input
         token is drafts[j - 1] when given, else the greedy draft."""
-        a = hidden.shape[0]
-        pos = torch.arange(a)
+        a, dev = hidden.shape[0], hidden.device
+        pos = torch.arange(a, device=dev)
         u0 = self._input(ids[1:a + 1], hidden.float())
         x0 = rms_norm(u0, self.w["input_layernorm.weight"], self.eps)
         keys = self._keys(x0, pos)
         qn, qr, iq, iw = self._queries(x0, pos)
-        causal = torch.ones(a, a, dtype=torch.bool).tril()
+        causal = torch.ones(a, a, dtype=torch.bool, device=dev).tril()
         share = IndexShareCache()  # step 0's top-k of the anchor's row, reused by later steps
         sel0 = share.get_or_compute(0, lambda: self.indexer_topk(iq, iw, keys["ikey"], causal),
-                                    keep_rows=torch.tensor([a - 1]))
+                                    keep_rows=torch.tensor([a - 1], device=dev))
         g = self._finish(u0, self._attend(qn, qr, keys, sel0))[a - 1:a]
         out = [g @ self.head.t()]
         for j in range(1, n):
-            tok = torch.tensor([drafts[j - 1]]) if drafts else out[-1].argmax(-1)
-            p = torch.tensor([a - 1 + j])
+            tok = torch.tensor([drafts[j - 1]], device=dev) if drafts else out[-1].argmax(-1)
+            p = torch.tensor([a - 1 + j], device=dev)
             u = self._input(tok, g)
             x = rms_norm(u, self.w["input_layernorm.weight"], self.eps)
             qn, qr, iq, iw = self._queries(x, p)
             if not kv_share:
                 own = self._keys(x, p)
                 keys = {k: torch.cat([keys[k], own[k]]) for k in keys}
-            visible = torch.ones(1, keys["lat"].shape[0], dtype=torch.bool)
+            visible = torch.ones(1, keys["lat"].shape[0], dtype=torch.bool, device=dev)
             if index_share:
                 sel = share.get_or_compute(j, lambda: None)
                 self.stats["indexer_rows_skipped"] += 1

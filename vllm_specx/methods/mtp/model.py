@@ -185,8 +185,9 @@ class MTPDraft(vocab.ReferenceVocabMap, nn.Module):
         positions 0..T-1 and the verified tokens ids [T + 1] (the last is the anchor, position T).
         Step j's input token is `drafts[j - 1]` when given (e.g. the drafts vLLM sampled),
         else the greedy draft."""
-        a = torch.tensor([[ids.shape[0] - 1]])
-        seq = torch.cat([ids, torch.tensor(drafts[: n - 1] if drafts else [0] * (n - 1), dtype=ids.dtype)])
+        a = torch.tensor([[ids.shape[0] - 1]], device=ids.device)
+        rest = torch.tensor(drafts[: n - 1] if drafts else [0] * (n - 1), dtype=ids.dtype, device=ids.device)
+        seq = torch.cat([ids, rest])
         pad = F.pad(seq, (0, 1))[None]
         hid = F.pad(hidden, (0, 0, 0, pad.shape[1] - hidden.shape[0]))[None]
         return self.chain_logits(hid, pad, a, n, kv_share, "target" if drafts else "draft")[0, 0]

@@ -91,15 +91,15 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     return draft
 
 
-def batch(draft: MTPDraft, samples, rng: random.Random, size: int, args) -> dict:
-    b = make_batch(samples, rng, size, args.seq_len, args.anchors, args.drafts, mask_id=0)
+def batch(draft: MTPDraft, samples, rng: random.Random, size: int, args, at=None) -> dict:
+    b = make_batch(samples, rng, size, args.seq_len, args.anchors, args.drafts, mask_id=0, at=at)
     h = draft.cfg.hidden_size
     taps = b.pop("taps")
     if draft.cfg.fusion_layer_ids:  # K3: the fused layers' residual streams, in order
         b["hidden"] = select_taps(taps, draft.tap_slices, h)
     else:
         i = draft.tap_index
-        b["hidden"] = final_hidden(draft.target_norm.cpu(), draft.target_norm_eps, taps[..., i * h:(i + 1) * h])
+        b["hidden"] = final_hidden(draft.target_norm.to(taps.device), draft.target_norm_eps, taps[..., i * h:(i + 1) * h])
     b["chain_tokens"] = args.chain_tokens
     return b
 

@@ -82,15 +82,16 @@ def to_draft_vocab(out: DraftOutput, t2d: torch.Tensor) -> DraftOutput:
     return dataclasses.replace(out, targets=targets, target_ids=ids, target_logp=logp)
 
 
-def position_weights(n: int, gamma: float) -> torch.Tensor:
+def position_weights(n: int, gamma: float, device: torch.device | str | None = None) -> torch.Tensor:
     """w_k = exp(-k / gamma), k = 0..n-1.
 
     Why: draft k is only ever used if drafts 0..k-1 were all accepted, so its contribution to the
     accepted length is discounted by the chance of getting that far; an exponential decay is the
     usual stand-in for that product (published block-drafter recipes use gamma ~ 4-7 for blocks
-    of 8-16). The chain loss needs none: its products are that chance.
+    of 8-16). The chain loss needs none: its products are that chance. `device`: where the
+    weights are made (the logits' device; default the CPU).
     """
-    return torch.exp(-torch.arange(n) / gamma)
+    return torch.exp(-torch.arange(n, device=device) / gamma)
 
 
 def _flat(out: DraftOutput) -> tuple[torch.Tensor, torch.Tensor, int]:
