@@ -74,3 +74,49 @@ def write_report(report: dict, out: Path | None, table: str) -> None:
     print(table)
     if out is not None:
         print(f"wrote {out}")
+
+
+def plot_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], out: Path, title: str,
+                xlabel: str, ylabel: str, logx: bool = True) -> None:
+    """One panel per key of `panels` (e.g. an evaluation set), one line per label in it through its
+    (x, y) points, saved as `out` (PNG). A curve's plot (learning curve, compute curve)."""
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU box: the report is re-made where matplotlib is
+        print(f"no matplotlib here: {out.name} not drawn")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (name, lines) in zip(axes[0], panels.items()):
+        for label, pts in lines.items():
+            if pts:
+                ax.plot(*zip(*sorted(pts)), marker="o", label=label)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def curve_provenance(device: torch.device, args, rows: list[dict], **extra) -> dict:
+    """`provenance` of a curve over training runs (`args.data`, `args.eval_data`, `args.runs`),
+    with the data folders' meta and no machine paths: the folders as `<cache>/data/NAME`, the runs
+    folder as `<runs>`, in the arguments and in every row's recorded command."""
+    meta = provenance(device, args, data=json.loads((args.data / "meta.json").read_text()),
+                      eval_data={d.name: json.loads((d / "meta.json").read_text()) for d in args.eval_data}, **extra)
+    meta["args"]["runs"] = "<runs>"
+    meta["args"]["data"] = f"<cache>/data/{args.data.name}"
+    meta["args"]["eval_data"] = [f"<cache>/data/{d.name}" for d in args.eval_data]
+    for r in rows:
+        for d in [args.data, *args.eval_data]:
+            r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
+        r["command"] = r["command"].replace(str(args.runs), "<runs>")
+    return meta

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import provenance, write_report  # noqa: E402
+from _report import curve_provenance, plot_panels, write_report  # noqa: E402
 from bench_learning_curve import PROVIDERS as ALL_PROVIDERS  # noqa: E402
 from bench_learning_curve import export  # noqa: E402
 
@@ -53,6 +53,15 @@ def budget_flags(args, steps: int) -> list[str]:
             "--save-dtype", "bfloat16", "--device", args.device]
 
 
+def fixed_flags(args) -> list[str]:
+    """The budget flags every run of the curve shares (all but --steps and what follows from it)."""
+    flags, out = budget_flags(args, 1), []
+    for k, v in zip(flags[::2], flags[1::2]):
+        if k not in ("--steps", "--val-every", "--save-every"):
+            out += [k, v]
+    return out
+
+
 def run_name(provider: str, steps: int, batch: int) -> str:
     return f"{provider}-{steps}x{batch}"
 
@@ -61,7 +70,8 @@ def command(args, provider: str, steps: int, out: Path) -> list[str]:
     evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
     return [sys.executable, "-m", "vllm_specx.cli", "train", *ALL_PROVIDERS[provider],
             "--target", args.target, "--data", str(args.data), "--out", str(out),
-            *budget_flags(args, steps), *evals, "--resume"]
+            *budget_flags(args, steps), *evals, "--resume",
+            *(["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab else [])]
 
 
 def run_all(args) -> list[tuple[str, int]]:
@@ -90,10 +100,46 @@ def run_all(args) -> list[tuple[str, int]]:
     return [t for t in todo if done(*t)]
 
 
+def evaluate_committed(args) -> list[dict]:
+    """`--committed PROVIDER=DIR`: a trained draft measured as the curve's runs are (`train
+    --steps 0 --init-from DIR` with the flags of its record, the same --eval-data), a point at
+    the budget its record says it was trained with; (provider, record, evaluation record)."""
+    out = []
+    for spec in args.committed:
+        provider, _, src = spec.partition("=")
+        if provider not in ALL_PROVIDERS or not src or not (Path(src) / "training.json").is_file():
+            raise SystemExit(f"--committed {spec}: give PROVIDER=DIR, DIR a trained draft with its training.json")
+        dest = args.runs / f"committed-{provider}-{Path(src).name}"
+        if not (dest / "training.json").is_file() and not args.report_only:
+            evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
+            cmd = [sys.executable, "-m", "vllm_specx.cli", "train", "--config", str(Path(src) / "training.json"),
+                   "--target", args.target, "--data", str(args.data), "--out", str(dest), "--steps", "0",
+                   "--init-from", src, "--train-samples", "1", "--eval-drafts", str(args.k), "--threads", "1",
+                   "--device", args.device, *evals]
+            print(f"evaluate {src} as {provider}", flush=True)
+            args.runs.mkdir(parents=True, exist_ok=True)
+            with open(args.runs / f"{dest.name}.log", "w") as log:
+                if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
+                    raise SystemExit(f"--committed {spec}: evaluation failed, see {args.runs}/{dest.name}.log")
+        if (dest / "training.json").is_file():
+            out.append((provider, json.loads((Path(src) / "training.json").read_text()),
+                        json.loads((dest / "training.json").read_text())))
+    return out
+
+
 def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
     from vllm_specx.training.trainer import command_flags
 
     rows = []
+    for p, trained, measured in evaluate_committed(args):
+        a = trained["args"]
+        rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"], "sample_draws": a["steps"] * a["batch"],
+                     "device": a["device"], "wall_s": trained["wall_s"],
+                     "val_tau_greedy": trained["log"][-1].get("tau_greedy"), "committed_draft": True,
+                     "eval": {k: {"tau_served": v.get("tau_served"), "served_acc_per_pos": v.get("served_acc_per_pos"),
+                                  "served_passes": v.get("served_passes"), "tau_teacher_forced": v["tau_greedy"]}
+                              for k, v in measured.get("eval", {}).items()},
+                     "command": trained["command"]})
     for p, s in runs:
         rec = json.loads((args.runs / run_name(p, s, args.batch) / "training.json").read_text())
         last = rec["log"][-1]
@@ -116,7 +162,7 @@ def table(rows: list[dict], sets: list[str]) -> str:
         taus = " | ".join(f"{r['eval'][s]['tau_served']:.3f}" if r["eval"].get(s, {}).get("tau_served") else "-"
                           for s in sets)
         tf = r["eval"].get(sets[0], {}).get("tau_teacher_forced")
-        lines.append(f"| {r['provider']} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {taus} | "
+        lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | {r['wall_s']:.0f} ({r['device']}) |")
     others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
     ratios = []
@@ -133,32 +179,10 @@ def table(rows: list[dict], sets: list[str]) -> str:
 
 
 def plot(rows: list[dict], sets: list[str], out: Path, title: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:  # a bare GPU box: the report is re-made where matplotlib is (--report-only)
-        print(f"no matplotlib here: {out.name} not drawn")
-        return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.6), squeeze=False)
-    for ax, s in zip(axes[0], sets):
-        for p in dict.fromkeys(r["provider"] for r in rows):
-            pts = sorted((r["sample_draws"], r["eval"][s]["tau_served"]) for r in rows
-                         if r["provider"] == p and r["eval"].get(s, {}).get("tau_served"))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=p)
-        ax.set_xscale("log")
-        ax.set_xlabel("training compute (steps × batch)")
-        ax.set_ylabel("τ as served (T = 0, K = 7)")
-        ax.set_title(s, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    providers = dict.fromkeys(r["provider"] for r in rows)
+    plot_panels({s: {p: [(r["sample_draws"], r["eval"][s]["tau_served"]) for r in rows
+                         if r["provider"] == p and r["eval"].get(s, {}).get("tau_served")] for p in providers}
+                 for s in sets}, out, title, "training compute (steps × batch)", "τ as served (T = 0, K = 7)")
 
 
 def main() -> None:
@@ -167,8 +191,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="the training data folder (gen-data, with taps)")
     ap.add_argument("--eval-data", type=Path, action="append", required=True,
                     help="gen-data --for-eval folders of greedy answers (repeatable)")
-    ap.add_argument("--budgets", type=lambda t: [int(x) for x in t.split(",")], default=[75, 250, 500, 1100],
-                    help="optimizer steps of each point (sample-draws = steps x --batch)")
+    ap.add_argument("--budgets", type=lambda t: [int(x) for x in t.split(",") if x], default=[75, 250, 500, 1100],
+                    help="optimizer steps of each point (sample-draws = steps x --batch); empty: none")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--providers", type=lambda t: t.split(","), default=DEFAULT_PROVIDERS)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -178,33 +202,30 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-k", type=int, default=7, help="drafts per pass")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every run)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="a reduced draft vocabulary for every run (on a CPU about 2.4x the steps/s: "
+                         "benchmarks/results/train-step-cpu-smollm2); default: the full vocabulary")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--export", action="append", default=[], metavar="PROVIDER=DIR",
                     help="copy the largest budget's run of PROVIDER to DIR as a committed draft (bf16)")
+    ap.add_argument("--committed", action="append", default=[], metavar="PROVIDER=DIR",
+                    help="also measure a trained draft (e.g. a committed one) as a point of PROVIDER's line, "
+                         "at the budget its record says (evaluated, not trained)")
     ap.add_argument("--report-only", action="store_true", help="train nothing: report the finished runs")
     args = ap.parse_args()
     unknown = [p for p in args.providers if p not in ALL_PROVIDERS]
     if unknown:
         raise SystemExit(f"--providers: unknown {unknown} (known: {list(ALL_PROVIDERS)})")
-    finished = run_all(args)
+    finished = run_all(args) if args.budgets else []
     rows = rows_of(args, finished)
     if not rows:
         raise SystemExit(f"--runs {args.runs}: no finished run to report")
     sets = list(dict.fromkeys(s for r in rows for s in r["eval"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = provenance(torch.device(args.device if torch.cuda.is_available() else "cpu"), args,
-                      providers={p: ALL_PROVIDERS[p] for p in args.providers},
-                      data=json.loads((args.data / "meta.json").read_text()),
-                      eval_data={d.name: json.loads((d / "meta.json").read_text()) for d in args.eval_data})
-    meta["args"]["runs"] = "<runs>"
-    meta["args"]["data"] = f"<cache>/data/{args.data.name}"
-    meta["args"]["eval_data"] = [f"<cache>/data/{d.name}" for d in args.eval_data]
-    for r in rows:  # machine paths out of the recorded commands
-        for d in [args.data, *args.eval_data]:
-            r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
-        r["command"] = r["command"].replace(str(args.runs), "<runs>")
+    meta = curve_provenance(torch.device(args.device if torch.cuda.is_available() else "cpu"), args, rows,
+                            providers={p: ALL_PROVIDERS[p] for p in args.providers})
     missing = [run_name(p, s, args.batch) for s in args.budgets for p in args.providers
                if (p, s) not in finished]
     meta["not_run_yet"] = missing
@@ -212,7 +233,7 @@ def main() -> None:
     write_report({"meta": meta, "rows": rows}, args.out / "results.json", text)
     (args.out / "results.md").write_text(
         f"# Compute curve, {args.target}: τ as served (T = 0, K = {args.k}) against training compute\n\n"
-        f"Per run: {' '.join(budget_flags(args, 0)[2:])}\n\n{text}\n")
+        f"Per run (with its --steps; --val-every = --steps): {' '.join(fixed_flags(args))}\n\n{text}\n")
     plot(rows, sets, args.out / "compute_curve.png", f"{args.target}: τ as served vs training compute")
     print(f"wrote {args.out}")
     for spec in args.export:

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import provenance, write_report  # noqa: E402
+from _report import curve_provenance, plot_panels, write_report  # noqa: E402
 
 # Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
 PROVIDERS = {
@@ -160,27 +160,8 @@ def table(rows: list[dict], sets: list[str]) -> str:
 
 
 def plot(rows: list[dict], sets: list[str], out: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.6), squeeze=False)
-    for ax, s in zip(axes[0], sets):
-        for p in PROVIDERS:
-            pts = sorted((r["size"], r["eval"][s]["tau"]) for r in rows if r["provider"] == p and s in r["eval"])
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=p)
-        ax.set_xscale("log")
-        ax.set_xlabel("training responses")
-        ax.set_ylabel("τ (T = 0, K = 7)")
-        ax.set_title(s, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    plot_panels({s: {p: [(r["size"], r["eval"][s]["tau"]) for r in rows if r["provider"] == p and s in r["eval"]]
+                     for p in PROVIDERS} for s in sets}, out, title, "training responses", "τ (T = 0, K = 7)")
 
 
 def main() -> None:
@@ -215,18 +196,8 @@ def main() -> None:
     rows = run_all(args)
     sets = list(dict.fromkeys(s for r in rows for s in r["eval"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = provenance(torch.device("cpu"), args, budget=budget_flags(args),
-                      providers={p: PROVIDERS[p] for p in args.providers},
-                      data=json.loads((args.data / "meta.json").read_text()),
-                      eval_data={d.name: json.loads((d / "meta.json").read_text()) for d in args.eval_data})
-    meta["args"]["runs"] = "<runs>"
-    meta["args"]["data"] = f"<cache>/data/{args.data.name}"
-    meta["args"]["eval_data"] = [f"<cache>/data/{d.name}" for d in args.eval_data]
-    for r in rows:  # machine paths out of the recorded commands
-        r["command"] = r["command"].replace(str(args.data), f"<cache>/data/{args.data.name}")
-        for d in args.eval_data:
-            r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
-        r["command"] = r["command"].replace(str(args.runs), "<runs>")
+    meta = curve_provenance(torch.device("cpu"), args, rows, budget=budget_flags(args),
+                            providers={p: PROVIDERS[p] for p in args.providers})
     missing = [f"{p}-{n}" for n in args.sizes for p in args.providers
                if not any(r["provider"] == p and r["size"] == n for r in rows)]
     meta["not_run_yet"] = missing

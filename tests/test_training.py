@@ -11,7 +11,7 @@ from vllm_specx.training.data import load_samples, write_taps
 from vllm_specx.training.taps import load_target
 from vllm_specx.training.trainer import loss_and_accuracy
 
-from .helpers import REF_TARGET
+from .helpers import ASSETS, REF_TARGET
 from .test_dspark_torch import tiny
 
 
@@ -278,3 +278,15 @@ def test_an_mtp_draft_restricted_to_a_reduced_vocabulary_without_training(tmp_pa
     torch.testing.assert_close(b.lm_head, head[ids])
     h = torch.randn(5, head.shape[1])
     torch.testing.assert_close(b.logits(h), a.logits(h)[:, ids])
+
+
+def test_a_repeatable_option_given_with_config_replaces_the_recorded_values():
+    """`--config REC --eval-data D` measures on D alone (the recorded --eval-data folders are
+    replaced, not extended); without it the recorded ones stay."""
+    from vllm_specx.training import trainer
+
+    rec = str(ASSETS / "drafts" / "smollm2-mtp" / "training.json")
+    recorded = trainer.parse_args(["--config", rec])
+    assert len(recorded.eval_data) == 3
+    assert trainer.parse_args(["--config", rec, "--eval-data", "/x/ev"]).eval_data == ["/x/ev"]
+    assert trainer.parse_args(["--config", rec, "--eval-data=/x/ev"]).eval_data == ["/x/ev"]

@@ -117,20 +117,31 @@ def loss_and_accuracy(out, loss: str, gamma: float, ce_weight: float = 0.0, conf
 
     Why the mix: TV-type losses have almost no gradient where the draft puts ~no mass on the
     target's top-k (a fresh head), so a small CE term gets them started (seed recipe: 0.1)."""
-    from vllm_specx.training.losses import cross_entropy, per_position_accuracy
+    from vllm_specx.training.losses import per_position_accuracy
 
-    n = out.targets.shape[-1]
     with torch.no_grad():
         acc = per_position_accuracy(out)
+    return draft_loss(out, loss, gamma, ce_weight, confidence_weight, train_only, confidence_label,
+                      confidence_slots), acc
+
+
+def draft_loss(out, loss: str, gamma: float, ce_weight: float = 0.0, confidence_weight: float = 0.0,
+               train_only: str | None = None, confidence_label: str = "greedy",
+               confidence_slots: str = "reached") -> torch.Tensor:
+    """`loss_and_accuracy`'s loss alone: what a training step needs (the accuracy's argmax over
+    the vocabulary is about a tenth of a CPU step, benchmarks/results/train-step-cpu-smollm2)."""
+    from vllm_specx.training.losses import cross_entropy
+
+    n = out.targets.shape[-1]
     if train_only == "confidence":
-        return confidence_loss(out, confidence_label, confidence_slots), acc
+        return confidence_loss(out, confidence_label, confidence_slots)
     w = position_weights(n, gamma, out.logits.device)
     value = LOSSES[loss](out, w)
     if ce_weight:
         value = (1 - ce_weight) * value + ce_weight * cross_entropy(out, w)
     if confidence_weight:
         value = value + confidence_weight * confidence_loss(out, confidence_label, confidence_slots)
-    return value, acc
+    return value
 
 
 def confidence_loss(out, label: str = "greedy", slots: str = "reached") -> torch.Tensor:
@@ -370,6 +381,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for a in ap._actions:  # recorded values satisfy required flags
         if a.dest in defaults:
             a.required = False
+        # a repeatable option given on the command line replaces the recorded values (not extends)
+        if isinstance(a, argparse._AppendAction) and any(x in a.option_strings or x.split("=")[0] in a.option_strings
+                                                         for x in argv):
+            ap.set_defaults(**{a.dest: []})
     args = ap.parse_args(argv)
     args.config = None
     # paths as a record writes them portably (~/.cache/...) work as given
@@ -656,7 +671,7 @@ def validate(cfg: TrainConfig, d: Dist, run: Run, step: int, train_loss: float |
     with torch.no_grad(), run.autocast:
         for n, vb in run.val_batches:
             vout = run.h.forward(run.model, _to(vb, d.device))
-            mine.append((n, loss_and_accuracy(vout, *run.loss_args)[0].item(),
+            mine.append((n, draft_loss(vout, *run.loss_args).item(),
                          {k: v.float().cpu() for k, v in validation_stats(vout).items()}))
     total, vloss = {}, 0.0
     for _, loss, stats in sorted((x for part in d.gather(mine) for x in part), key=lambda x: x[0]):
@@ -685,7 +700,7 @@ def loop(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> None:
             if d.world > 1:
                 b = shard(b, d.rank, d.world)
             out = run.step_model(_to(b, d.device))
-            loss, _ = loss_and_accuracy(out, *run.loss_args)
+            loss = draft_loss(out, *run.loss_args)
         run.opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(run.params, 1.0)
