@@ -290,3 +290,15 @@ def test_a_repeatable_option_given_with_config_replaces_the_recorded_values():
     assert len(recorded.eval_data) == 3
     assert trainer.parse_args(["--config", rec, "--eval-data", "/x/ev"]).eval_data == ["/x/ev"]
     assert trainer.parse_args(["--config", rec, "--eval-data=/x/ev"]).eval_data == ["/x/ev"]
+
+
+def test_an_eagle3_warm_start_with_another_config_is_refused(tmp_path):
+    """`--method eagle3 --init-from DRAFT` loads the draft only when its config is this run's: the
+    committed reference head fuses layers 1,4,6, this data's default taps are 1,4,7."""
+    from vllm_specx.training import trainer
+
+    data = _data(tmp_path, n=8)
+    draft = str(ASSETS / "drafts" / "ref-eagle3")
+    with pytest.raises(SystemExit, match=f"--init-from {draft}: its config"):
+        trainer.train(trainer.parse_args(_train_argv("eagle3", data, tmp_path / "o", "--steps", "0",
+                                                     "--val-samples", "2", "--init-from", draft)))
