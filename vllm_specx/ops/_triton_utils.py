@@ -75,3 +75,30 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def interpreter_compat() -> None:
+    """Let Triton's CPU interpreter take scalars from numpy >= 2.4 on every Triton we allow.
+
+    In interpreter mode a scalar (a program id, a loaded length, a loop bound derived from them)
+    is a one-element array, and a data-dependent `range(...)` bound calls its `__index__`. Triton
+    3.6's interpreter defines that as `int(data)`, which numpy 2.4 refuses for an array of one or
+    more dimensions ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9's
+    is `int(data.squeeze())`. Where the installed interpreter lacks the squeeze, its tensor patch
+    is wrapped to define `__index__` that way (nothing changes on a GPU: only the interpreter is
+    touched). Called by each kernel module when `interpreter_mode()`; idempotent.
+    """
+    import inspect
+
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "_specx_squeezes", False) or "squeeze" in inspect.getsource(patch):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched._specx_squeezes = True
+    interpreter._patch_lang_tensor = patched

@@ -24,7 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_specx.ops._triton_utils import next_pow2
+from vllm_specx.ops._triton_utils import interpreter_compat, interpreter_mode, next_pow2
+
+if interpreter_mode():
+    interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 from vllm_specx.ops.acceptance.reference import AcceptanceInputs
 
 __all__ = ["acceptance_sample_triton"]

@@ -23,7 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_mode, next_pow2
+from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_compat, interpreter_mode, next_pow2
+
+if interpreter_mode():
+    interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 from vllm_specx.ops.topk.kernel import topk_triton
 
 _QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -15,7 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_specx.ops._triton_utils import check_tensor, next_pow2
+from vllm_specx.ops._triton_utils import check_tensor, interpreter_compat, interpreter_mode, next_pow2
+
+if interpreter_mode():
+    interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 
 # 8-bit digits: 4 passes over 32-bit keys, 256-bin histograms. Globals read inside kernels
 # must be constexpr.
@@ -29,7 +32,7 @@ def _float_key(x):
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 -> +0.0: the two zeros must tie, as in the reference
     bits = x.to(tl.uint32, bitcast=True)
     # Negative floats order backwards by bit pattern: flip all bits; positives: set the sign bit.
-    return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # not ~bits: Triton 3.6's interpreter overflows it
 
 
 @triton.jit
