@@ -120,3 +120,21 @@ def curve_provenance(device: torch.device, args, rows: list[dict], **extra) -> d
             r["command"] = r["command"].replace(str(d), f"<cache>/data/{d.name}")
         r["command"] = r["command"].replace(str(args.runs), "<runs>")
     return meta
+
+
+def ratio_table(rows: list[dict], sets: list[str], x: str, x_label: str, tau, others: list[str],
+                heading: str, baseline: str = "eagle3", x_format: str = "{:,}") -> list[str]:
+    """Markdown lines of each provider's τ over `baseline`'s at equal `x` (a row key: budget or
+    data size), per evaluation set; `tau(row, set)` reads a row's τ. No lines when no point has
+    the baseline."""
+    ratios = []
+    for s in sets:
+        for n in sorted({r[x] for r in rows}):
+            by = {r["provider"]: tau(r, s) for r in rows if r[x] == n}
+            if by.get(baseline):
+                ratios.append(f"| {s} | {x_format.format(n)} | " + " | ".join(
+                    f"{by[p] / by[baseline]:.3f}" if by.get(p) else "-" for p in others) + " |")
+    if not ratios:
+        return []
+    return ["", heading, "", f"| set | {x_label} | " + " | ".join(others) + " |",
+            "|" + "---|" * (2 + len(others))] + ratios

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import curve_provenance, plot_panels, write_report  # noqa: E402
+from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 from bench_learning_curve import PROVIDERS as ALL_PROVIDERS  # noqa: E402
 from bench_learning_curve import export  # noqa: E402
 
@@ -127,6 +127,13 @@ def evaluate_committed(args) -> list[dict]:
     return out
 
 
+def served_eval(record: dict) -> dict:
+    """A training record's --eval-data results as the curve reports them, by evaluation folder."""
+    return {k: {"tau_served": v.get("tau_served"), "served_acc_per_pos": v.get("served_acc_per_pos"),
+                "served_passes": v.get("served_passes"), "tau_teacher_forced": v["tau_greedy"]}
+            for k, v in record.get("eval", {}).items()}
+
+
 def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
     from vllm_specx.training.trainer import command_flags
 
@@ -136,9 +143,7 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"], "sample_draws": a["steps"] * a["batch"],
                      "device": a["device"], "wall_s": trained["wall_s"],
                      "val_tau_greedy": trained["log"][-1].get("tau_greedy"), "committed_draft": True,
-                     "eval": {k: {"tau_served": v.get("tau_served"), "served_acc_per_pos": v.get("served_acc_per_pos"),
-                                  "served_passes": v.get("served_passes"), "tau_teacher_forced": v["tau_greedy"]}
-                              for k, v in measured.get("eval", {}).items()},
+                     "eval": served_eval(measured),
                      "command": trained["command"]})
     for p, s in runs:
         rec = json.loads((args.runs / run_name(p, s, args.batch) / "training.json").read_text())
@@ -147,9 +152,7 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"],
                      "sample_draws": a["steps"] * a["batch"], "device": a["device"],
                      "wall_s": rec["wall_s"], "val_tau_greedy": last.get("tau_greedy"),
-                     "eval": {k: {"tau_served": v.get("tau_served"), "served_acc_per_pos": v.get("served_acc_per_pos"),
-                                  "served_passes": v.get("served_passes"), "tau_teacher_forced": v["tau_greedy"]}
-                              for k, v in rec.get("eval", {}).items()},
+                     "eval": served_eval(rec),
                      "command": "vllm-specx train " + command_flags(argparse.Namespace(**a))})
     return sorted(rows, key=lambda r: (r["sample_draws"], args.providers.index(r["provider"])))
 
@@ -165,16 +168,8 @@ def table(rows: list[dict], sets: list[str]) -> str:
         lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | {r['wall_s']:.0f} ({r['device']}) |")
     others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
-    ratios = []
-    for s in sets:
-        for n in sorted({r["sample_draws"] for r in rows}):
-            by = {r["provider"]: r["eval"].get(s, {}).get("tau_served") for r in rows if r["sample_draws"] == n}
-            if by.get("eagle3"):
-                ratios.append(f"| {s} | {n:,} | " + " | ".join(
-                    f"{by[p] / by['eagle3']:.3f}" if by.get(p) else "-" for p in others) + " |")
-    if ratios:
-        lines += ["", "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):", "",
-                  "| set | sample-draws | " + " | ".join(others) + " |", "|" + "---|" * (2 + len(others))] + ratios
+    lines += ratio_table(rows, sets, "sample_draws", "sample-draws", lambda r, s: r["eval"].get(s, {}).get("tau_served"),
+                         others, "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):")
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import curve_provenance, plot_panels, write_report  # noqa: E402
+from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 
 # Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
 PROVIDERS = {
@@ -145,17 +145,9 @@ def table(rows: list[dict], sets: list[str]) -> str:
     for r in rows:
         taus = " | ".join(f"{r['eval'][s]['tau']:.3f}" if s in r["eval"] else "-" for s in sets)
         lines.append(f"| {r['provider']} | {r['size']} | {taus} | {r['val_tau_greedy']:.3f} | {r['wall_s']:.0f} |")
-    ratios = []
-    for s in sets:
-        for n in sorted({r["size"] for r in rows}):
-            by = {r["provider"]: r["eval"].get(s, {}).get("tau") for r in rows if r["size"] == n}
-            if by.get("eagle3"):
-                ratios.append(f"| {s} | {n} | " + " | ".join(
-                    f"{by[p] / by['eagle3']:.3f}" if by.get(p) else "-" for p in PROVIDERS if p != "eagle3") + " |")
-    if ratios:
-        lines += ["", "τ ratio against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):", "",
-                  "| set | responses | " + " | ".join(p for p in PROVIDERS if p != "eagle3") + " |",
-                  "|" + "---|" * (1 + len(PROVIDERS))] + ratios
+    lines += ratio_table(rows, sets, "size", "responses", lambda r, s: r["eval"].get(s, {}).get("tau"),
+                         [p for p in PROVIDERS if p != "eagle3"],
+                         "τ ratio against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):", x_format="{}")
     return "\n".join(lines)
 
 
