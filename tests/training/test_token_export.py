@@ -44,3 +44,22 @@ def test_from_tokens_rebuilds_the_taps(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(SystemExit):
         main(["--from-tokens", str(tmp_path / "t.npz"), "--target", "x", "--out", str(tmp_path / "c")])
+
+
+def test_from_tokens_resumes_a_stopped_taps_pass(tmp_path):
+    """The same `--from-tokens` command continues a taps pass that stopped part way (shards already
+    stored); other taps flags on that folder are still refused."""
+    rows = [{"id": i, "prompt_ids": [1 + i, 2], "output_ids": [3, 4 + i]} for i in range(40)]  # 2 shards
+    _folder(tmp_path / "a", rows)
+    export_tokens(tmp_path / "a", tmp_path / "t.npz")
+    cmd = ["--from-tokens", str(tmp_path / "t.npz"), "--out", str(tmp_path / "b"), "--taps", "1,4"]
+    main(cmd)
+    shards = sorted((tmp_path / "b" / "taps").glob("*.safetensors"))
+    assert len(shards) == 2
+    meta = (tmp_path / "b" / "meta.json").read_text()
+    shards[1].unlink()  # as if stopped before its last shard
+    main(cmd)
+    assert sorted((tmp_path / "b" / "taps").glob("*.safetensors")) == shards
+    assert (tmp_path / "b" / "meta.json").read_text() == meta
+    with pytest.raises(ValueError, match="existing data was made with"):
+        main(cmd[:-1] + ["1,3"])

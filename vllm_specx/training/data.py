@@ -57,9 +57,11 @@ EVALUATION = "evaluation"  # meta.json "purpose" of `gen-data --for-eval` data: 
 SKIPPED_FILE = "skipped.jsonl"  # prompts too long for the engine's max_model_len, with their lengths  # which prompts (tests check drafts never saw an eval set)
 
 
-def _check_meta(out: Path, meta: dict) -> None:
+def _check_meta(out: Path, meta: dict, with_taps: bool = True) -> None:
     """Write meta.json, or check it against an existing one: the generation fields must match;
-    the taps fields may change only while no taps are stored (taps can be added to token data)."""
+    the taps fields may change only while no taps are stored (taps can be added to token data).
+    `with_taps=False` (token ids imported into a folder, `import_tokens`): `meta` says nothing
+    about taps, so an existing folder's taps fields are neither compared nor rewritten."""
     file = out / "meta.json"
     if file.exists():
         old = json.loads(file.read_text())
@@ -68,9 +70,9 @@ def _check_meta(out: Path, meta: dict) -> None:
         gen = lambda m: {k: v for k, v in m.items() if k not in TAPS_FIELDS}  # noqa: E731
         taps = lambda m: {k: v for k, v in m.items() if k in TAPS_FIELDS and v}  # noqa: E731
         stored = any((out / "taps").glob("*.safetensors")) if (out / "taps").is_dir() else False
-        if gen(old) != gen(meta_cmp) or (stored and taps(old) != taps(meta)):
+        if gen(old) != gen(meta_cmp) or (with_taps and stored and taps(old) != taps(meta)):
             raise ValueError(f"{file}: existing data was made with {old}, not {meta}; use a new --out")
-        if old == meta:
+        if old == meta or not with_taps:
             return
     out.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(meta, indent=2) + "\n")
@@ -321,7 +323,7 @@ def import_tokens(file: Path, out: Path) -> dict:
     with np.load(file) as z:
         ids, plen, olen, sid = z["ids"].astype(np.int64), z["prompt_len"], z["output_len"], z["sample_id"]
         meta, commands = json.loads(str(z["meta"])), str(z["commands"])
-    _check_meta(out, meta)
+    _check_meta(out, meta, with_taps=False)  # a resumed taps pass: its taps are checked by gen-data
     have = {r["id"] for r in _read_jsonl(out / "tokens.jsonl")}
     ends = np.cumsum(plen + olen)
     with open(out / "tokens.jsonl", "a") as f:
