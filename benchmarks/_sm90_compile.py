@@ -16,7 +16,8 @@ import time
 import torch
 
 _TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16",
-          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8",
+          torch.float8_e4m3fn: "fp8e4nv"}
 
 
 def record_launches() -> list:
@@ -28,15 +29,24 @@ def record_launches() -> list:
     return launches
 
 
+def ptxas_path(arch: int) -> str:
+    """Triton's bundled ptxas for sm_<arch> (Triton 3.4's `get_ptxas` takes no arch)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        return get_ptxas(arch).path
+    except TypeError:
+        return get_ptxas().path
+
+
 def compile_launches(launches: list, arch: int, option_keys: tuple[str, ...]):
     """Yield one dict per distinct specialisation: kernel, constexprs, ptx, registers,
     spill_store_bytes, shared_bytes, compile_s."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    target, ptxas, seen = GPUTarget("cuda", arch, 32), get_ptxas(arch).path, set()
+    target, ptxas, seen = GPUTarget("cuda", arch, 32), ptxas_path(arch), set()
     for fn, a, kw in launches:
         sig, consts = {}, {}
         for i, p in enumerate(fn.params):

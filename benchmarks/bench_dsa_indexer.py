@@ -29,7 +29,11 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing the pack
 import torch  # noqa: E402
 from _report import provenance, write_report  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FP8 = torch.float8_e4m3fn
+# --dtype: (q dtype, K cache dtype). fp8: vLLM's fp8 indexer (q and K in e4m3, fp8 tensor cores);
+# bf16-fp8k: bf16 queries against an fp8 K cache (read as fp8, widened on chip).
+DTYPES = {"bf16": (torch.bfloat16,) * 2, "fp16": (torch.float16,) * 2, "fp32": (torch.float32,) * 2,
+          "fp8": (FP8, FP8), "bf16-fp8k": (torch.bfloat16, FP8)}
 
 
 def parse_args(argv=None):
@@ -39,7 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--compile-only", action="store_true",
                    help="compile every kernel specialisation for --arch without a GPU")
     p.add_argument("--arch", type=int, default=90, help="--compile-only target (90: H100/H200)")
-    p.add_argument("--compile-dtypes", default="bf16", help="--compile-only q/k dtypes: bf16,fp32")
+    p.add_argument("--compile-dtypes", default="bf16,fp8,bf16-fp8k", help="--compile-only q/k dtypes (--dtype names): bf16,fp32,fp8,bf16-fp8k")
     p.add_argument("--contexts", type=ints, default=[4096, 32768, 131072, 1048576])
     p.add_argument("--batches", type=ints, default=[1, 8, 64])
     p.add_argument("--next-n", type=ints, default=[1, 4, 8], help="query tokens per request")
@@ -52,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--ref-max-elems", type=float, default=2**31,
                    help="skip the PyTorch baselines above this many logits (B*N*ctx)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (GPU: benchmarks/results/)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also time every op replayed from a CUDA graph (no launch overhead, as "
+                        "vLLM's decode runs): graph_ms and graph_speedup_vs_* columns")
     args = p.parse_args(argv)
     if args.smoke:
         args.contexts, args.batches, args.next_n = [256], [2], [1, 2]
@@ -62,11 +69,19 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- measurement
 
 
-def bench(fn, device) -> float:
-    """Median ms of `fn()`: CUDA events (Triton's do_bench) on GPU, wall clock on CPU."""
+def bench(fn, device, graph: bool = False) -> float | None:
+    """Median ms of `fn()`: CUDA events (Triton's do_bench) on GPU, wall clock on CPU. `graph`:
+    replayed from a CUDA graph (`do_bench_cudagraph`), i.e. without the host's launch overhead,
+    as vLLM runs a decode step; None where `fn` cannot be captured."""
     if device.type == "cuda":
         import triton.testing
 
+        if graph:
+            try:
+                return float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
+            except RuntimeError as e:  # e.g. a host synchronisation inside fn
+                print(f"not capturable in a CUDA graph: {e}", file=sys.stderr)
+                return None
         return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
     fn()  # warm up (and JIT)
     times = []
@@ -101,13 +116,13 @@ def roofline_ms(bytes_, flops, peaks) -> float:
 
 def make_decode_inputs(ctx, batch, n, args, device):
     """Paged decode batch: `batch` requests of `ctx` keys each (the last `n` are the new tokens)."""
-    dtype, page = DTYPES[args.dtype], args.page_size
+    (q_dtype, k_dtype), page = DTYPES[args.dtype], args.page_size
     pages_per_req = -(-ctx // page)
     num_pages = batch * pages_per_req
-    k_cache = torch.randn(num_pages, page, args.head_dim, device=device).to(dtype)
+    k_cache = torch.randn(num_pages, page, args.head_dim, device=device).to(k_dtype)
     # Shuffled pages: the kernel must follow the block table, as in a real paged cache.
     block_table = torch.randperm(num_pages, device=device).view(batch, pages_per_req).int()
-    q = torch.randn(batch, n, args.heads, args.head_dim, device=device).to(dtype)
+    q = torch.randn(batch, n, args.heads, args.head_dim, device=device).to(q_dtype)
     w = torch.randn(batch, n, args.heads, device=device) * (args.head_dim * args.heads) ** -0.5
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     return q, k_cache, w, block_table, seq_lens
@@ -115,11 +130,11 @@ def make_decode_inputs(ctx, batch, n, args, device):
 
 def op_costs(ctx, batch, n, args) -> dict:
     """Bytes and FLOPs each op must touch, counting every input once and its output once."""
-    elt = DTYPES[args.dtype].itemsize
+    q_elt, k_elt = (t.itemsize for t in DTYPES[args.dtype])
     rows = batch * n
     pairs = batch * sum(ctx - n + i + 1 for i in range(n))  # causal (query, key) pairs
     flops = 2 * args.heads * args.head_dim * pairs  # q.k per head; ReLU / weights are O(H) less
-    inputs = batch * ctx * args.head_dim * elt + rows * args.heads * (args.head_dim * elt + 4)
+    inputs = batch * ctx * args.head_dim * k_elt + rows * args.heads * (args.head_dim * q_elt + 4)
     logits = rows * ctx * 4
     indices = rows * args.topk * 4
     return {
@@ -154,6 +169,13 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
          {"torch.topk": lambda: torch.topk(logits, min(k, ctx), dim=1),
           "reference": lambda: topk_reference(logits, k, lengths)}),
     ]
+    topk_base = cases[-1][3]
+    cases += [  # the top-k's tuning knobs, each against the same baseline times
+        ("topk", "radix-8bit", lambda: topk_triton(logits, k, lengths, radix_bits=8), topk_base),
+        ("topk", "radix-1chunk", lambda: topk_triton(logits, k, lengths, num_splits=1), topk_base),
+        ("topk", "radix-4warps", lambda: topk_triton(logits, k, lengths, num_warps=4), topk_base),
+        ("topk", "radix-2048cols", lambda: topk_triton(logits, k, lengths, block=2048), topk_base),
+    ]
     ref_topk = {"reference": lambda: topk_reference(ref_logits(), k),
                 "torch.topk": lambda: torch.topk(ref_logits(), min(k, ctx), dim=1)}
     for g in (0, group):
@@ -175,6 +197,15 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
                 baseline_ms[key] = bench(base, device)
             row[f"{name}_ms"] = baseline_ms.get(key)
             row[f"speedup_vs_{name}"] = baseline_ms[key] / t if key in baseline_ms else None
+        if getattr(args, "cuda_graph", False) and device.type == "cuda":
+            g = row["graph_ms"] = bench(fn, device, graph=True)
+            for name, base in baselines.items():
+                key = (op, name, "graph")
+                if with_ref and key not in baseline_ms:
+                    baseline_ms[key] = bench(base, device, graph=True)
+                b = baseline_ms.get(key)
+                row[f"graph_{name}_ms"] = b
+                row[f"graph_speedup_vs_{name}"] = b / g if b and g else None
         results.append(row)
     del q, kc, w, bt, seq, logits
     return results
@@ -188,16 +219,23 @@ def _fmt(x) -> str:
 
 
 def table(results) -> str:
+    graph = any("graph_ms" in r for r in results)
     head = (f"{'op':<13}{'variant':<13}{'ctx':>8}{'B':>4}{'N':>3}{'ms':>10}{'roof ms':>10}"
-            f"{'%roof':>7}{'x ref':>8}{'x torch':>8}")
+            f"{'%roof':>7}{'x ref':>8}{'x torch':>8}"
+            + (f"{'graph ms':>10}{'%roof':>7}{'x torch':>8}" if graph else ""))
     lines = [head, "-" * len(head)]
     for r in results:
         ref, tor = r.get("speedup_vs_reference"), r.get("speedup_vs_torch.topk")
-        lines.append(
+        line = (
             f"{r['op']:<13}{r['variant']:<13}{r['context']:>8}{r['batch']:>4}{r['next_n']:>3}"
             f"{r['time_ms']:>10.3f}{r['roofline_ms']:>10.4f}{100 * r['roofline_fraction']:>6.1f}%"
             f"{_fmt(ref):>8}{_fmt(tor):>8}"
         )
+        if graph:
+            g = r.get("graph_ms")
+            roof = f"{100 * r['roofline_ms'] / g:>6.1f}%" if g else f"{'-':>7}"
+            line += f"{_fmt(g) if g is None else f'{g:.4f}':>10}{roof}{_fmt(r.get('graph_speedup_vs_torch.topk')):>8}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -211,11 +249,12 @@ def main(argv=None) -> dict:
             sys.exit("no GPU: run with --smoke (CPU, interpreter) or --compile-only")
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels (and triton.jit) are imported
     torch.manual_seed(0)
-    peaks = measure_peaks(device, DTYPES[args.dtype])
+    q_dtype = DTYPES[args.dtype][0]  # fp8: the bf16 matmul rate (a conservative compute roof)
+    peaks = measure_peaks(device, torch.bfloat16 if q_dtype == FP8 else q_dtype)
     results = []
     for ctx in args.contexts:
         for batch in args.batches:
-            need_gb = batch * ctx * args.head_dim * DTYPES[args.dtype].itemsize * 1.1 / 1e9
+            need_gb = batch * ctx * args.head_dim * DTYPES[args.dtype][1].itemsize * 1.1 / 1e9
             need_gb += 3 * batch * max(args.next_n) * ctx * 4 / 1e9  # logits (+ baselines)
             if need_gb > args.max_gb:
                 print(f"skip ctx={ctx} batch={batch}: ~{need_gb:.0f} GB > --max-gb",
@@ -251,6 +290,18 @@ def compile_only(args) -> dict:
 
     launches = record_launches()
     from vllm_specx.ops.dsa_indexer import kernel as K
+    from vllm_specx.ops.topk import kernel as TK
+
+    def topk_recorded(scores, k, lengths=None, **kw):  # launches recorded, not run: a valid result
+        TK.topk_triton(scores, k, lengths, **kw)
+        return torch.full((scores.shape[0], k), -1, dtype=torch.int32)
+
+    K.topk_triton = topk_recorded
+    for dtype in (torch.float32, torch.bfloat16):  # top-k as the DSA shapes launch it (k = 2048)
+        for bits in (11, 8):
+            TK.topk_triton(torch.randn(2, 1 << 17).to(dtype), 2048, num_splits=8, radix_bits=bits)
+            TK.topk_triton(torch.randn(8, 8192).to(dtype), 2048, torch.full((8,), 8000, dtype=torch.int32),
+                           radix_bits=bits)
 
     for dtype in args.compile_dtypes.split(","):
         for ks in (False, True):

@@ -51,6 +51,21 @@ def topk_sets():
     return check_topk_sets
 
 
+def ptxas_or_skip(arch: int = 90) -> None:
+    """Skip unless Triton's ptxas for sm_<arch> runs here (the `--compile-only` checks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from _sm90_compile import ptxas_path
+
+        subprocess.run([ptxas_path(arch), "--version"], capture_output=True, check=True)
+    except Exception as e:  # noqa: BLE001 - any missing piece means: cannot compile here
+        pytest.skip(f"no usable ptxas for sm_{arch}: {e}")
+
+
 def run_benchmark(script: str, *args, env_extra=None, drop=()):
     """Run `benchmarks/<script>` in a fresh interpreter (its own TRITON_INTERPRET setting)."""
     import subprocess

@@ -2,11 +2,9 @@
 specialisation it launches compiles for an H100/H200 target (`--compile-only`, no GPU needed)."""
 
 import json
-import subprocess
 
-import pytest
 
-from conftest import run_benchmark
+from conftest import ptxas_or_skip, run_benchmark
 
 
 def test_bench_smoke(tmp_path):
@@ -25,12 +23,7 @@ def test_bench_smoke(tmp_path):
 
 
 def test_kernels_compile_for_sm90(tmp_path):
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        subprocess.run([get_ptxas(90).path, "--version"], capture_output=True, check=True)
-    except Exception as e:  # noqa: BLE001 - any missing piece means: cannot compile here
-        pytest.skip(f"no usable ptxas for sm_90: {e}")
+    ptxas_or_skip(90)
     proc = run_benchmark("bench_dsa_indexer.py", "--compile-only", drop=("TRITON_INTERPRET",),
                 env_extra={"TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -117,6 +117,28 @@ def test_fp8_path_matches_reference(device):
     _assert_logits("fp8-vs-fp32", exact, ref, 0.1)
 
 
+@pytest.mark.parametrize("q_fp8", [False, True], ids=["q-bf16", "q-fp8"])
+def test_fp8_k_cache_is_read_as_fp8(q_fp8, device, topk_sets):
+    """vLLM's fp8 indexer cache as stored: K in e4m3 with per-key scales, q in bf16 (widened on
+    chip) or e4m3 too; logits and the fused top-k match the reference on the same fp8 tensors."""
+    kern = _kernel()
+    H, D = 8, 128
+    q, kc, w, bt, seq, _ = _decode_inputs(2, 2, H, D, 16, [90, 37], "fp32", device)
+    q8, q_scale = R.quantize_fp8_ue8m0(q)
+    k8, k_scale = R.quantize_fp8_ue8m0(kc)
+    w8 = R.prepare_indexer_weights(w, D, q_scale)
+    q_in = q8 if q_fp8 else q8.to(torch.bfloat16)  # exact: e4m3 values are bf16 values
+    ref = R.indexer_logits_decode_reference(q8, k8, w8, bt, seq, k_scale)
+    tri = kern.indexer_logits_decode_triton(q_in, k8, w8, bt, seq, k_scale)
+    _assert_logits("fp8-decode", ref, tri, REL_TOL["bf16"])
+    top_ref = R.indexer_topk_decode_reference(q8, k8, w8, bt, seq, 9, k_scale)
+    top = kern.indexer_topk_decode_triton(q_in, k8, w8, bt, seq, 9, k_scale, group=4)
+    atol = REL_TOL["bf16"] * max(1.0, ref[torch.isfinite(ref)].abs().max().item())
+    topk_sets("fp8-topk", ref.flatten(0, 1), top_ref.flatten(0, 1), top.flatten(0, 1), atol)
+    with pytest.raises(ValueError, match="k dtype"):  # fp8 K only with bf16 or fp8 queries
+        kern.indexer_logits_decode_triton(q8.float(), k8, w8, bt, seq, k_scale)
+
+
 # --------------------------------------------------------------------------- top-k
 
 

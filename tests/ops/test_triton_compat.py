@@ -1,7 +1,8 @@
 """`ops._triton_utils.interpreter_compat`: Triton 3.6's interpreter takes a scalar's index with
 `int(data)` on a one-element array, which numpy >= 2.4 refuses; the compat defines it on the
 squeezed array, as Triton 3.9's interpreter does. (`scripts/check_triton.sh` runs tests/ops on
-Triton 3.6 with the newest numpy: 193 passed with it, the first topk test failed without it.)"""
+Triton 3.6 with the newest numpy: 193 passed with it, the first topk test failed without it;
+Triton 3.4, the `triton>=` floor, patches without a scope argument.)"""
 
 import operator
 import types
@@ -24,6 +25,10 @@ def _triton36_patch(tensor, scope):  # Triton 3.6's definition
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
 
 
+def _triton34_patch(tensor):  # Triton 3.4's definition: no scope, attributes set directly
+    tensor.__index__ = lambda self: int(self.handle.data)
+
+
 def _scalar_class():
     class Scalar:  # a scalar in interpreter mode: its data a one-element, one-dimensional array
         handle = types.SimpleNamespace(data=np.array([7]))
@@ -39,6 +44,16 @@ def test_a_scalars_index_is_taken_from_the_squeezed_array(monkeypatch):
     triton_interpreter._patch_lang_tensor(cls, _Scope())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy < 2.4 only warns where 2.4 raises
+        assert operator.index(cls()) == 7
+
+
+def test_triton34s_patch_without_a_scope_is_wrapped_too(monkeypatch):
+    monkeypatch.setattr(triton_interpreter, "_patch_lang_tensor", _triton34_patch)
+    _triton_utils.interpreter_compat()
+    cls = _scalar_class()
+    triton_interpreter._patch_lang_tensor(cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert operator.index(cls()) == 7
 
 

@@ -83,8 +83,9 @@ def interpreter_compat() -> None:
     In interpreter mode a scalar (a program id, a loaded length, a loop bound derived from them)
     is a one-element array, and a data-dependent `range(...)` bound calls its `__index__`. Triton
     3.6's interpreter defines that as `int(data)`, which numpy 2.4 refuses for an array of one or
-    more dimensions ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9's
-    is `int(data.squeeze())`. Where the installed interpreter lacks the squeeze, its tensor patch
+    more dimensions ("only 0-dimensional arrays can be converted to Python scalars"), as does
+    Triton 3.4's (the `triton>=` floor, whose patch takes no scope); Triton 3.9's is
+    `int(data.squeeze())`. Where the installed interpreter lacks the squeeze, its tensor patch
     is wrapped to define `__index__` that way (nothing changes on a GPU: only the interpreter is
     touched). Called by each kernel module when `interpreter_mode()`; idempotent.
     """
@@ -96,9 +97,13 @@ def interpreter_compat() -> None:
     if getattr(patch, "_specx_squeezes", False) or "squeeze" in inspect.getsource(patch):
         return
 
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    def patched(tensor, *scope):  # Triton 3.6 passes a patch scope; 3.4 sets attributes directly
+        patch(tensor, *scope)
+        index = lambda self: int(self.handle.data.squeeze())  # noqa: E731
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
 
     patched._specx_squeezes = True
     interpreter._patch_lang_tensor = patched

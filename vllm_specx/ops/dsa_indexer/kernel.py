@@ -29,7 +29,8 @@ if interpreter_mode():
     interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 from vllm_specx.ops.topk.kernel import topk_triton
 
-_QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FP8 = torch.float8_e4m3fn  # vLLM's indexer K cache (and q) dtype, with ue8m0 scales
+_QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, _FP8)
 _INT = (torch.int32,)
 
 
@@ -62,11 +63,25 @@ def _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED: tl.constexpr, P
 
 
 @triton.jit
-def _load_k_tile(k_ptr, ks_ptr, rows, s_ok, D, HAS_K_SCALE: tl.constexpr, D_PAD: tl.constexpr):
-    """`[BLOCK_S, D_PAD]` key tile (zeros where masked) and its `[BLOCK_S]` fp32 scale."""
+def _as_fp8(x, FP8: tl.constexpr):
+    """fp8 (e4m3) data passed as its bytes (uint8: a masked load's zero is then +0.0, which
+    Triton's interpreter cannot write as fp8) back to fp8."""
+    if FP8:
+        x = x.to(tl.float8e4nv, bitcast=True)
+    return x
+
+
+@triton.jit
+def _load_k_tile(k_ptr, ks_ptr, rows, s_ok, D, HAS_K_SCALE: tl.constexpr, D_PAD: tl.constexpr,
+                 K_FP8: tl.constexpr, K_TO_BF16: tl.constexpr):
+    """`[BLOCK_S, D_PAD]` key tile (zeros where masked) and its `[BLOCK_S]` fp32 scale.
+    K_FP8: an fp8 cache, read as fp8 (half the bytes of bf16); K_TO_BF16: widened on chip,
+    exactly, for bf16 queries."""
     d = tl.arange(0, D_PAD)
     mask = s_ok[:, None] & (d < D)[None, :]
-    k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0)
+    k = _as_fp8(tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=mask, other=0), K_FP8)
+    if K_TO_BF16:
+        k = k.to(tl.bfloat16)
     scale = tl.full(s_ok.shape, 1.0, tl.float32)
     if HAS_K_SCALE:
         scale = tl.load(ks_ptr + rows, mask=s_ok, other=0.0)
@@ -99,6 +114,9 @@ def _indexer_logits_kernel(
     D_PAD: tl.constexpr,
     PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (match the reference; no tf32)
     UPCAST: tl.constexpr,  # interpreter only, see _dot
+    Q_FP8: tl.constexpr,  # q / K in fp8, passed as bytes (see _as_fp8)
+    K_FP8: tl.constexpr,
+    K_TO_BF16: tl.constexpr,  # fp8 K with bf16 q (see _load_k_tile)
 ):
     b, pid_t, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_q_ptr + b)
@@ -108,7 +126,7 @@ def _indexer_logits_kernel(
     s_ok = s < kv_len
     k_tile, k_scale = _load_k_tile(
         k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
-        s_ok, D, HAS_K_SCALE, D_PAD,
+        s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
     )
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
@@ -121,10 +139,10 @@ def _indexer_logits_kernel(
         if (pid_t * T_PER_PROG + t0 < q_len) & (pid_s * BLOCK_S <= tl.max(tl.where(t_ok, pos, -1))):
             row = (q_start + t).to(tl.int64)
             qh_ok = t_ok[:, None] & (h < H)[None, :]
-            q = tl.load(
+            q = _as_fp8(tl.load(
                 q_ptr + (row[:, None, None] * H + h[None, :, None]) * D + d[None, None, :],
                 mask=qh_ok[:, :, None] & (d < D)[None, None, :], other=0,
-            )
+            ), Q_FP8)
             w = tl.load(w_ptr + row[:, None] * H + h[None, :], mask=qh_ok, other=0.0)
             # [(t, h), d] @ [d, s]: every head of every token against the shared key tile.
             qk = _dot(tl.reshape(q, (BLOCK_T * H_PAD, D_PAD)), tl.trans(k_tile), PRECISION, UPCAST)
@@ -166,6 +184,9 @@ def _indexer_gather_kernel(
     D_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    K_FP8: tl.constexpr,
+    K_TO_BF16: tl.constexpr,
 ):
     row, pid_g = tl.program_id(0), tl.program_id(1)
     b = tl.load(row_req_ptr + row)
@@ -176,12 +197,12 @@ def _indexer_gather_kernel(
     s_ok = _flat(tl.broadcast_to((grp >= 0)[:, None], (BLOCK_G, GROUP))) & (s <= pos)
     k_tile, k_scale = _load_k_tile(
         k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
-        s_ok, D, HAS_K_SCALE, D_PAD,
+        s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
     )
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
-    q = tl.load(q_ptr + (row.to(tl.int64) * H + h[:, None]) * D + d[None, :],
-                mask=(h < H)[:, None] & (d < D)[None, :], other=0)
+    q = _as_fp8(tl.load(q_ptr + (row.to(tl.int64) * H + h[:, None]) * D + d[None, :],
+                        mask=(h < H)[:, None] & (d < D)[None, :], other=0), Q_FP8)
     w = tl.load(w_ptr + row.to(tl.int64) * H + h, mask=h < H, other=0.0)
     qk = _dot(q, tl.trans(k_tile), PRECISION, UPCAST)  # [H_PAD, BLOCK_G * GROUP]
     scores = tl.sum(tl.maximum(qk, 0.0) * w[:, None], axis=0) * k_scale
@@ -196,8 +217,10 @@ def _indexer_gather_kernel(
 
 
 def _check_qkw(q, k, weights, k_scale, *, q_ndim, k_ndim):
+    """q and k of one dtype, or an fp8 (e4m3) K cache with bf16 or fp8 queries."""
     check_tensor("q", q, ndim=q_ndim, dtypes=_QK_DTYPES)
-    check_tensor("k", k, ndim=k_ndim, dtypes=(q.dtype,), device=q.device)
+    k_dtypes = (q.dtype, _FP8) if q.dtype == torch.bfloat16 else (q.dtype,)
+    check_tensor("k", k, ndim=k_ndim, dtypes=k_dtypes, device=q.device)
     check_tensor("weights", weights, ndim=q_ndim - 1, dtypes=(torch.float32,), device=q.device)
     check_shape("weights", weights, q.shape[:-1])
     if k.shape[-1] != q.shape[-1]:
@@ -207,9 +230,18 @@ def _check_qkw(q, k, weights, k_scale, *, q_ndim, k_ndim):
         check_shape("k_scale", k_scale, k.shape[:-1])
 
 
-def _dot_flags(dtype: torch.dtype) -> dict:
+def _dot_flags(dtype: torch.dtype, k_dtype: torch.dtype) -> dict:
+    """Constexprs of the q.k product for q of `dtype` against K of `k_dtype`: fp8 x fp8 runs on
+    the fp8 tensor cores, an fp8 K with bf16 q is widened to bf16 on chip."""
     return dict(PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                UPCAST=interpreter_mode() and dtype != torch.float32)
+                UPCAST=interpreter_mode() and dtype != torch.float32,
+                Q_FP8=dtype == _FP8, K_FP8=k_dtype == _FP8,
+                K_TO_BF16=k_dtype == _FP8 and dtype == torch.bfloat16)
+
+
+def _bytes(x):
+    """fp8 tensors as their bytes (`_as_fp8` reads them back); others as they are."""
+    return x.view(torch.uint8) if x is not None and x.dtype == _FP8 else x
 
 
 def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
@@ -238,12 +270,12 @@ def _launch_logits(q, w, k, k_scale, out, cu_q, k_start, kv_len, block_table, *,
     paged = block_table is not None
     dummy = kv_len  # stands in for pointers a constexpr branch never reads
     _indexer_logits_kernel[grid](
-        q, w, k, k_scale if k_scale is not None else q, out, cu_q,
+        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, out, cu_q,
         dummy if paged else k_start, kv_len, block_table if paged else dummy,
         block_table.stride(0) if paged else 0, out.shape[1], num_heads, head_dim,
         PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
         T_PER_PROG=t_per_prog, BLOCK_T=block_t, BLOCK_S=block_s, H_PAD=h_pad, D_PAD=d_pad,
-        **_dot_flags(q.dtype),
+        **_dot_flags(q.dtype, k.dtype),
     )
     return out
 
@@ -310,14 +342,15 @@ def choose_group(max_kv_len: int, topk: int) -> int:
     """Keys per group for the fused path, or 0 when materialising the logits is cheaper.
 
     Cost model per query row, in bytes (bf16 K, D = 128): materialised = write the S fp32
-    logits once and read them 6 times in radix top-k (~28 S). Fused = the same for S/G group
-    maxima (~28 S/G) plus recomputing k*G candidate keys (~288 B each: 256 B of K, 8 B written,
-    24 B read back). Minimising over G gives G = sqrt(28 S / (288 k)); fused wins at roughly
-    S > 64 k (128K keys for k = 2048). Unmeasured: tune on a GPU.
+    logits once and read them ~3 times in the top-k (a histogram pass, usually one more over
+    the threshold bin's keys, the emission pass: ~16 S). Fused = the same for S/G group maxima
+    (~16 S/G) plus recomputing k*G candidate keys (~288 B each: 256 B of K, 8 B written, 24 B
+    read back). Minimising over G gives G = sqrt(16 S / (288 k)); fused wins at roughly
+    S > 72 k (147K keys for k = 2048). Unmeasured: tune on a GPU.
     """
-    if max_kv_len <= 64 * topk:
+    if max_kv_len <= 72 * topk:
         return 0
-    g = math.sqrt(28 * max_kv_len / (288 * topk))
+    g = math.sqrt(16 * max_kv_len / (288 * topk))
     return int(min(64, max(4, next_pow2(round(g)))))
 
 
@@ -348,12 +381,12 @@ def _fused_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, 
     paged = block_table is not None
     if num_rows:
         _indexer_gather_kernel[(num_rows, triton.cdiv(topk, block_g))](
-            q, w, k, k_scale if k_scale is not None else q, groups, req, pos,
+            _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, groups, req, pos,
             kv_lens if paged else k_start, block_table if paged else kv_lens,
             block_table.stride(0) if paged else 0, cand_score, cand_key, topk, num_heads,
             head_dim, PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
             BLOCK_G=block_g, H_PAD=h_pad, D_PAD=d_pad,
-            **_dot_flags(q.dtype),
+            **_dot_flags(q.dtype, k.dtype),
         )
     # Candidates are in ascending key order, so positions map back to ascending keys.
     best = topk_triton(cand_score, topk, lengths=None)
