@@ -36,6 +36,12 @@ DTYPES = {"bf16": (torch.bfloat16,) * 2, "fp16": (torch.float16,) * 2, "fp32": (
           "fp8": (FP8, FP8), "bf16-fp8k": (torch.bfloat16, FP8)}
 
 
+LOGITS_TUNING = {"w8": dict(num_warps=8), "bt2w8": dict(block_t=2, num_warps=8),
+                 "bs128w8": dict(block_s=128, num_warps=8)}
+TOPK_TUNING = {"": {}, "8bit": dict(radix_bits=8), "1chunk": dict(num_splits=1),
+               "4warps": dict(num_warps=4), "2048cols": dict(block=2048)}
+
+
 def parse_args(argv=None):
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -161,21 +167,19 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
     def ref_logits():
         return R.indexer_logits_decode_reference(q, kc, w, bt, seq).flatten(0, 1)
 
-    cases = [  # (op, variant, triton fn, {baseline name: fn})
-        ("logits", "triton",
-         lambda: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx),
-         {"reference": ref_logits}),
-        ("topk", "radix", lambda: topk_triton(logits, k, lengths),
-         {"torch.topk": lambda: torch.topk(logits, min(k, ctx), dim=1),
-          "reference": lambda: topk_reference(logits, k, lengths)}),
-    ]
-    topk_base = cases[-1][3]
-    cases += [  # the top-k's tuning knobs, each against the same baseline times
-        ("topk", "radix-8bit", lambda: topk_triton(logits, k, lengths, radix_bits=8), topk_base),
-        ("topk", "radix-1chunk", lambda: topk_triton(logits, k, lengths, num_splits=1), topk_base),
-        ("topk", "radix-4warps", lambda: topk_triton(logits, k, lengths, num_warps=4), topk_base),
-        ("topk", "radix-2048cols", lambda: topk_triton(logits, k, lengths, block=2048), topk_base),
-    ]
+    # (op, variant, triton fn, {baseline name: fn}); the variants after each op's default are
+    # its tuning knobs, timed against the same baselines (each compiles without spills for sm_90)
+    cases = [("logits", "triton",
+              lambda: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx),
+              {"reference": ref_logits})]
+    cases += [("logits", f"triton-{name}",
+               lambda t=t: K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx, **t),
+               {"reference": ref_logits}) for name, t in LOGITS_TUNING.items()]
+    topk_base = {"torch.topk": lambda: torch.topk(logits, min(k, ctx), dim=1),
+                 "reference": lambda: topk_reference(logits, k, lengths)}
+    cases += [("topk", f"radix{'-' + name if name else ''}",
+               lambda t=t: topk_triton(logits, k, lengths, **t), topk_base)
+              for name, t in TOPK_TUNING.items()]
     ref_topk = {"reference": lambda: topk_reference(ref_logits(), k),
                 "torch.topk": lambda: torch.topk(ref_logits(), min(k, ctx), dim=1)}
     for g in (0, group):
@@ -308,6 +312,8 @@ def compile_only(args) -> dict:
             args.dtype = dtype
             q, kc, w, bt, seq = make_decode_inputs(512, 2, 4, args, torch.device("cpu"))
             k_scale = torch.rand(kc.shape[:2]) if ks else None
+            for t in LOGITS_TUNING.values():
+                K.indexer_logits_decode_triton(q, kc, w, bt, seq, k_scale, **t)
             K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=0)
             K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=8)
             cu = torch.tensor([0, 3, 8], dtype=torch.int32)

@@ -92,6 +92,18 @@ def test_decode_logits(B, N, H, D, page, seq_lens, dtype, k_scale, device):
     _assert_logits("decode", ref, tri, REL_TOL[dtype])
 
 
+@pytest.mark.parametrize("tune", [dict(block_t=2, num_warps=8), dict(block_s=128), dict(block_t=4)],
+                         ids=str)
+def test_decode_logits_tuning_overrides(tune, device):
+    """The benchmark's tile variants compute the same logits (tokens per product, key tile)."""
+    q, kc, w, bt, seq, ks = _decode_inputs(3, 4, 8, 32, 16, [4, 37, 200], "fp32", device, True)
+    ref = R.indexer_logits_decode_reference(q, kc, w, bt, seq, ks)
+    tri = _kernel().indexer_logits_decode_triton(q, kc, w, bt, seq, ks, **tune)
+    _assert_logits(f"decode-{tune}", ref, tri, REL_TOL["fp32"])
+    with pytest.raises(ValueError, match="block_t"):
+        _kernel().indexer_logits_decode_triton(q, kc, w, bt, seq, ks, block_t=3)
+
+
 def test_decode_logits_wider_output_is_masked(device):
     q, kc, w, bt, seq, _ = _decode_inputs(2, 2, 2, 16, 16, [5, 20], "fp32", device)
     tri = _kernel().indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=40)

@@ -257,11 +257,17 @@ def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
 
 
 def _launch_logits(q, w, k, k_scale, out, cu_q, k_start, kv_len, block_table, *, max_q_len,
-                   group, page, block_s=None):
-    """Shared launch of `_indexer_logits_kernel` (q `[T, H, D]`, out `[T, n_out]`)."""
+                   group, page, block_s=None, block_t=None, num_warps=None):
+    """Shared launch of `_indexer_logits_kernel` (q `[T, H, D]`, out `[T, n_out]`).
+    `block_t` (tokens per matrix product, a power of two) and `num_warps` override `_tiles` and
+    Triton's default (tuning: `bench_dsa_indexer.py` times them as variants)."""
     num_reqs = kv_len.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
-    h_pad, d_pad, block_t, t_per_prog, block_s = _tiles(num_heads, head_dim, max_q_len, block_s)
+    h_pad, d_pad, bt, t_per_prog, block_s = _tiles(num_heads, head_dim, max_q_len, block_s)
+    if block_t is not None and (block_t < 1 or block_t & (block_t - 1)):
+        raise ValueError(f"block_t must be a power of two, got {block_t}")
+    block_t = max(block_t or bt, -(-16 // h_pad))  # >= 16 rows per product: the MMA minimum
+    t_per_prog = max(t_per_prog, block_t)  # both powers of two: a multiple of block_t
     block_s = max(block_s, group)
     key_cols = out.shape[1] * group  # keys covered by the output columns
     grid = (num_reqs, triton.cdiv(max(max_q_len, 1), t_per_prog), triton.cdiv(key_cols, block_s))
@@ -275,7 +281,7 @@ def _launch_logits(q, w, k, k_scale, out, cu_q, k_start, kv_len, block_table, *,
         block_table.stride(0) if paged else 0, out.shape[1], num_heads, head_dim,
         PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
         T_PER_PROG=t_per_prog, BLOCK_T=block_t, BLOCK_S=block_s, H_PAD=h_pad, D_PAD=d_pad,
-        **_dot_flags(q.dtype, k.dtype),
+        **_dot_flags(q.dtype, k.dtype), **({"num_warps": num_warps} if num_warps else {}),
     )
     return out
 
@@ -324,9 +330,11 @@ def _decode_offsets(q):
 
 
 def indexer_logits_decode_triton(
-    q, k_cache, weights, block_table, seq_lens, k_scale=None, max_seq_len=None, *, block_s=None
+    q, k_cache, weights, block_table, seq_lens, k_scale=None, max_seq_len=None, *, block_s=None,
+    block_t=None, num_warps=None,
 ):
-    """Triton twin of `indexer_logits_decode_reference` (same args and output)."""
+    """Triton twin of `indexer_logits_decode_reference` (same args and output); `block_s`,
+    `block_t`, `num_warps`: tile overrides for tuning (`_launch_logits`)."""
     _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
     _check_paged(q, k_cache, block_table, seq_lens)
     num_reqs, n = q.shape[:2]
@@ -334,7 +342,7 @@ def indexer_logits_decode_triton(
     out = torch.empty(num_reqs * n, width, dtype=torch.float32, device=q.device)
     _launch_logits(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, out,
                    _decode_offsets(q), None, seq_lens, block_table, max_q_len=n, group=1,
-                   page=k_cache.shape[1], block_s=block_s)
+                   page=k_cache.shape[1], block_s=block_s, block_t=block_t, num_warps=num_warps)
     return out.view(num_reqs, n, width)
 
 
