@@ -143,6 +143,7 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"], "sample_draws": a["steps"] * a["batch"],
                      "device": a["device"], "wall_s": trained["wall_s"],
                      "val_tau_greedy": trained["log"][-1].get("tau_greedy"), "committed_draft": True,
+                     "draft_vocab": a.get("draft_vocab"),
                      "eval": served_eval(measured),
                      "command": trained["command"]})
     for p, s in runs:
@@ -152,20 +153,22 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"],
                      "sample_draws": a["steps"] * a["batch"], "device": a["device"],
                      "wall_s": rec["wall_s"], "val_tau_greedy": last.get("tau_greedy"),
-                     "eval": served_eval(rec),
+                     "draft_vocab": a.get("draft_vocab"), "eval": served_eval(rec),
                      "command": "vllm-specx train " + command_flags(argparse.Namespace(**a))})
     return sorted(rows, key=lambda r: (r["sample_draws"], args.providers.index(r["provider"])))
 
 
 def table(rows: list[dict], sets: list[str]) -> str:
-    head = ("| provider | steps × batch | sample-draws | " + " | ".join(f"τ served {s}" for s in sets)
+    head = ("| provider | steps × batch | sample-draws | draft vocabulary | "
+            + " | ".join(f"τ served {s}" for s in sets)
             + " | τ teacher-forced " + sets[0] + " | τ validation (chat-mix) | train s |")
-    lines = [head, "|" + "---|" * (6 + len(sets))]
+    lines = [head, "|" + "---|" * (7 + len(sets))]
     for r in rows:
         taus = " | ".join(f"{r['eval'][s]['tau_served']:.3f}" if r["eval"].get(s, {}).get("tau_served") else "-"
                           for s in sets)
         tf = r["eval"].get(sets[0], {}).get("tau_teacher_forced")
-        lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {taus} | "
+        lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | "
+                     f"{r['draft_vocab'] or 'full'} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | {r['wall_s']:.0f} ({r['device']}) |")
     others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
     lines += ratio_table(rows, sets, "sample_draws", "sample-draws", lambda r, s: r["eval"].get(s, {}).get("tau_served"),
@@ -228,7 +231,8 @@ def main() -> None:
     write_report({"meta": meta, "rows": rows}, args.out / "results.json", text)
     (args.out / "results.md").write_text(
         f"# Compute curve, {args.target}: τ as served (T = 0, K = {args.k}) against training compute\n\n"
-        f"Per run (with its --steps; --val-every = --steps): {' '.join(fixed_flags(args))}\n\n{text}\n")
+        f"Per run (with its --steps; --val-every = --steps): {' '.join(fixed_flags(args))}"
+        f"{f' --draft-vocab {args.draft_vocab}' if args.draft_vocab else ''}\n\n{text}\n")
     plot(rows, sets, args.out / "compute_curve.png", f"{args.target}: τ as served vs training compute")
     print(f"wrote {args.out}")
     for spec in args.export:
