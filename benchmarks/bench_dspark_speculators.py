@@ -45,6 +45,8 @@ TARGET = CACHE / "targets/smollm2-135m-instruct"
 EVALS = [CACHE / f"data/eval-smollm2-{n}" for n in ("humaneval", "chat-code", "chat-prose")]
 RUNS = CACHE / "runs/dspark-vs-speculators"
 RESULTS = REPO / "benchmarks/results/dspark-vs-speculators-smollm2"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_compute_curve import served_eval  # noqa: E402
 BASELINE = REPO / "assets/drafts/smollm2-dspark"
 BASELINE_EVAL = CACHE / "runs/compute-curve-cpu/committed-dspark-baseline-smollm2-dspark/training.json"
 OUR_VAL = 32  # our trainer's first 32 samples (data order) validate: never trained on here
@@ -121,10 +123,12 @@ def prepare(n: int) -> None:
         raise SystemExit(f"prepare: only {len(chosen)} samples with taps in {DATA}, need {n + N_VAL}")
     out.mkdir(parents=True, exist_ok=True)
     rows = out / "samples.jsonl"
+    by_ids = {}  # token ids -> sample, to match speculators' shuffled rows back
     with open(rows, "w") as f:
         for i in chosen:
             s = store[i]
             ids, p = s["ids"].tolist(), s["prompt_len"]
+            by_ids.setdefault(tuple(ids), i)
             f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * p + [1] * (len(ids) - p),
                                 "specx_id": store.index[i][1]}) + "\n")
     ds = out / "dataset"
@@ -137,9 +141,6 @@ def prepare(n: int) -> None:
                     "f = open(sys.argv[2], 'w'); [f.write(json.dumps(list(r)) + chr(10)) for r in d['input_ids']]",
                     str(ds), str(order_file)], check=True, env=env1())
     prepared = [json.loads(line) for line in open(order_file)]
-    by_ids = {}
-    for i in chosen:
-        by_ids.setdefault(tuple(store[i]["ids"].tolist()), i)
     hs = ds / "hidden_states"
     hs.mkdir(exist_ok=True)
     used = []
@@ -206,14 +207,12 @@ def ours_train(n: int, arch: str, batch: int, extra: list[str], pool: int) -> No
     if (d / "training.json").is_file():
         print(f"ours: {d} exists")
         return
-    base = json.loads((BASELINE / "training.json").read_text())["args"]
     steps = -(-n // batch)  # at least n sequences
     # specarch: speculators' DSpark architecture and loss (KL to the target's distribution: ours
     # over its stored top-32) and mask token (2: the tokenizer has none, speculators falls back to
     # pad = eos); our trainer's optimiser, schedule, anchors (24 a sequence) and crops stay.
     flags = (SPEC_ARCH + ["--mask-token-id", "2", "--loss", "kl", "--confidence-weight", "1.0",
                           "--confidence-label", "soft", "--confidence-slots", "all"]) if arch == "specarch" else []
-    del base
     cmd = [sys.executable, "-m", "vllm_specx.cli", "train", "--config", str(BASELINE / "training.json"),
            "--target", "smollm2", "--data", str(DATA), "--out", str(d), "--steps", str(steps), "--batch", str(batch),
            "--val-every", str(steps), "--save-every", str(steps), "--threads", "1", "--device", "cpu",
@@ -245,10 +244,9 @@ EVAL_NAMES = {"eval-smollm2-humaneval": "HumanEval", "eval-smollm2-chat-code": "
 
 
 def _served(record: dict) -> dict:
-    return {EVAL_NAMES[k]: {"tau_served": v["tau_served"], "served_acc_per_pos": v["served_acc_per_pos"],
-                            "served_passes": v["served_passes"], "tau_teacher_forced": v["tau_greedy"],
-                            "teacher_forced_acc_per_pos": v["val_acc_per_pos"]}
-            for k, v in record["eval"].items()}
+    """The compute curve's `served_eval`, by eval-set name, plus the teacher-forced accuracies."""
+    return {EVAL_NAMES[k]: {**v, "teacher_forced_acc_per_pos": record["eval"][k]["val_acc_per_pos"]}
+            for k, v in served_eval(record).items()}
 
 
 def _ours_row(name: str, run_dir: Path, eval_record: dict | None = None) -> dict | None:
@@ -299,7 +297,9 @@ def report(n: int, tag: str = "") -> None:
                      "command": done["command"], "eval_command": erec["command"], "speculators_val_metrics": val,
                      "eval": _served(erec)})
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "results.json").write_text(json.dumps({"train_seqs": n, "rows": rows}, indent=1) + "\n")
+    # machine paths (the cache, the checkout) as `~/...` and repository-relative, as `export` writes them
+    text = json.dumps({"train_seqs": n, "rows": rows}, indent=1).replace(f"{REPO}/", "")
+    (RESULTS / "results.json").write_text(text.replace(str(Path.home()), "~") + "\n")
     lines = ["| draft | seqs | steps | anchor blocks | layers | rank | loss | train s | "
              + " | ".join(f"{e} tau" for e in EVAL_NAMES.values()) + " |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
