@@ -87,14 +87,18 @@ def plot_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], out: Pa
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (name, lines) in zip(axes[0], panels.items()):
         for label, pts in lines.items():
             if pts:
                 ax.plot(*zip(*sorted(pts)), marker="o", label=label)
-        if logx:
+        if logx:  # ticks at the measured x values, labelled plainly (no crowded minor labels)
             ax.set_xscale("log")
+            xs = sorted({x for pts in lines.values() for x, _ in pts})
+            ax.set_xticks(xs, [f"{x:,.0f}" for x in xs], fontsize=7)
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(name, fontsize=9)
