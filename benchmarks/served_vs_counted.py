@@ -19,7 +19,8 @@ from pathlib import Path
 K = 7
 
 
-def check(target, run: Path, ev: Path) -> dict:
+def check(target, run: Path, ev: Path, rows: list[dict]) -> dict:
+    """One run's row: vLLM's counters serving `rows` (the answers of `ev`) against its count."""
     from vllm import SamplingParams
 
     from vllm_specx.bench.eval import generate_measured
@@ -31,7 +32,6 @@ def check(target, run: Path, ev: Path) -> dict:
     if rec["args"].get("eval_drafts", K) != K or rec["args"].get("eval_max_tokens") is not None:
         raise SystemExit(f"--run {run}: evaluated with --eval-drafts {rec['args'].get('eval_drafts')} "
                          f"--eval-max-tokens {rec['args'].get('eval_max_tokens')}; this compares K = {K}, whole answers")
-    rows = [json.loads(line) for line in (ev / "tokens.jsonl").read_text().splitlines()]
     params = [SamplingParams(temperature=0, max_tokens=len(r["output_ids"]), ignore_eos=True) for r in rows]
     spec = {"method": rec["args"]["method"], "model": str(run), "num_speculative_tokens": K}
     with cpu_llm(target, spec) as llm:
@@ -63,12 +63,13 @@ def main() -> None:
     ev = args.eval_data.expanduser()
     if not (ev / "tokens.jsonl").is_file():
         raise SystemExit(f"--eval-data {ev}: no tokens.jsonl (make it with gen-data --for-eval)")
+    answers = [json.loads(line) for line in (ev / "tokens.jsonl").read_text().splitlines()]  # read once
     rows = json.loads(args.out.read_text())["rows"] if args.out.is_file() else []
     for run in args.run:
         run = run.expanduser()
         if not (run / "training.json").is_file():
             raise SystemExit(f"--run {run}: not a finished run (no training.json)")
-        row = check(target, run, ev)
+        row = check(target, run, ev, answers)
         print(json.dumps({k: row[k] for k in ("run", "eval", "identical", "tau_vllm", "tau_counted", "rel_diff")}))
         rows = [r for r in rows if (r["run"], r["eval"]) != (row["run"], row["eval"])] + [row]
     args.out.parent.mkdir(parents=True, exist_ok=True)
