@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from vllm_specx import vocab
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 
@@ -208,6 +210,12 @@ def main() -> None:
         export(args.runs / f"{provider}-{max(args.sizes)}", Path(dest), args)
 
 
+def _has_tensor(path: Path, name: str) -> bool:
+    from vllm_specx.checkpoint import read_header
+
+    return name in read_header(path)
+
+
 def export(run: Path, dest: Path, args) -> None:
     """`run` (a finished training run) as a committed draft in `dest`: tensors cast to bfloat16
     (floating ones; maps stay integer), config.json's torch_dtype said so, training.json with
@@ -228,6 +236,14 @@ def export(run: Path, dest: Path, args) -> None:
     if "torch_dtype" in config:
         config["torch_dtype"] = "bfloat16"
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # a reduced draft vocabulary's lm_head rows are the target's, frozen in training: left out
+    # of the committed file when they are exactly those rows (`vocab.omit_target_head`)
+    if _has_tensor(dest, vocab.D2T):
+        from vllm_specx.targets import resolve
+        from vllm_specx.training.taps import embed_and_head, load_target
+
+        if vocab.omit_target_head(dest, embed_and_head(load_target(resolve(args.target)))[1]):
+            print(f"{dest}: lm_head rows left out (the target's rows at d2t; lm_head_from_target)")
     home = str(Path.home())
     # every machine path in the record (arguments, the data's commands) as `~/...`
     rec = json.loads((run / "training.json").read_text().replace(home, "~"))

@@ -149,6 +149,13 @@ def drafter_class(worker) -> str:
     return f"{type(d).__module__}.{type(d).__qualname__}" if d is not None else "None"
 
 
+def served_head(worker) -> list:
+    """The drafter's own LM head rows [Vd, H] as vLLM serves them (a reduced draft vocabulary)."""
+    m = worker.model_runner.drafter.model
+    n = int(m.draft_id_to_target_id.numel())
+    return m.lm_head.weight[:n].float().cpu().tolist()
+
+
 def rejection_sampler_info(worker) -> dict:
     rs = worker.model_runner.rejection_sampler
     return {"class": type(rs).__name__, "method": getattr(rs, "method", None),

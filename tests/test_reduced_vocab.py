@@ -310,3 +310,109 @@ def test_reduced_eagle3_is_the_full_draft_masked_and_its_checkpoint_is_checked(t
     save_file(t, f"{tmp_path}/e/model.safetensors")
     with pytest.raises(ValueError, match=r"tensor 'd2t' maps draft id 0 to target id -5"):
         check_vllm_draft(tmp_path / "e", dims, 5)
+
+
+# ---- lm_head_from_target: a reduced draft whose lm_head rows are the target's leaves them out -----
+
+@pytest.mark.parametrize("method", ["dspark", "mtp"])
+def test_a_draft_without_its_target_rows_loads_the_same_draft(tmp_path, target, pair, mtp_pair, method):
+    """`vocab.omit_target_head` drops `lm_head.weight` only when it is the target's rows at d2t,
+    sets `lm_head_from_target`, and the reference loaders rebuild the same draft from the target;
+    `check` passes and `save` keeps the rows out."""
+    from vllm_specx.methods.mtp import checkpoint as mtp_ckpt
+
+    small = pair[1] if method == "dspark" else mtp_pair[1]
+    path = tmp_path / method
+    if method == "dspark":
+        write(small, path)
+    else:
+        mtp_ckpt.save(small, path)
+    before = (path / "model.safetensors").stat().st_size
+    _, head = embed_and_head(target)
+    assert vocab.omit_target_head(path, head)
+    t = load_file(f"{path}/model.safetensors")
+    assert "lm_head.weight" not in t and "d2t" in t
+    assert (path / "model.safetensors").stat().st_size < before - len(IDS) * 256 * 4 + 1024
+    assert json.loads((path / "config.json").read_text())["specx"]["lm_head_from_target"] is True
+    _check(str(path))
+    back = load_draft(path, *embed_and_head(target)) if method == "dspark" else mtp_ckpt.load(path, *embed_and_head(target))
+    assert back.cfg.lm_head_from_target
+    mine = small.state_dict() if method == "dspark" else small.specx_state_dict()
+    theirs = back.state_dict() if method == "dspark" else back.specx_state_dict()
+    for k, v in mine.items():
+        assert torch.equal(theirs[k], v), k
+    again = tmp_path / f"{method}-again"  # saving the loaded draft keeps the rows out
+    if method == "dspark":
+        write(back, again)
+    else:
+        mtp_ckpt.save(back, again)
+    assert "lm_head.weight" not in load_file(f"{again}/model.safetensors")
+    _check(str(again))
+    if method == "dspark":  # the speculators format has no such field: it writes the rows
+        assert "lm_head.weight" in load_file(f"{write(back, tmp_path / 'spec', 'speculators')}/model.safetensors")
+
+
+@pytest.mark.parametrize("method", ["dspark", "mtp"])
+def test_a_head_that_is_not_the_targets_rows_is_kept(tmp_path, target, pair, mtp_pair, method):
+    """Rows that differ from the target's (a trained head) are never dropped; a full-vocabulary
+    draft has nothing to drop."""
+    from vllm_specx.methods.mtp import checkpoint as mtp_ckpt
+
+    _, head = embed_and_head(target)
+    small = pair[1] if method == "dspark" else mtp_pair[1]
+    path = tmp_path / method
+    write(small, path) if method == "dspark" else mtp_ckpt.save(small, path)
+    t = load_file(f"{path}/model.safetensors")
+    t["lm_head.weight"][5, 0] += 1e-3
+    save_file(t, f"{path}/model.safetensors")
+    assert not vocab.omit_target_head(path, head)
+    assert "lm_head.weight" in load_file(f"{path}/model.safetensors")
+    assert "lm_head_from_target" not in json.loads((path / "config.json").read_text())["specx"]
+    full = tmp_path / "full"
+    write(pair[0], full) if method == "dspark" else mtp_ckpt.save(mtp_pair[0], full)
+    assert not vocab.omit_target_head(full, head)
+
+
+def _with_flag(path, value=True):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["specx"]["lm_head_from_target"] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("method", ["dspark", "mtp"])
+def test_lm_head_from_target_is_refused_where_it_cannot_hold(tmp_path, target, pair, mtp_pair, method):
+    """The flag with the rows still on disk (an unexpected tensor), on a full-vocabulary draft, or
+    not a boolean: refused naming the field or tensor."""
+    from vllm_specx.methods.mtp import checkpoint as mtp_ckpt
+
+    small, full = (pair[1], pair[0]) if method == "dspark" else (mtp_pair[1], mtp_pair[0])
+    save = write if method == "dspark" else mtp_ckpt.save
+    save(small, tmp_path / "r")
+    _check(str(tmp_path / "r"))  # negative control: the unbroken draft passes
+    _with_flag(tmp_path / "r")
+    with pytest.raises(ValueError, match=r"unexpected tensor\(s\) \['lm_head.weight'\]"):
+        _check(str(tmp_path / "r"))
+    if method == "mtp":
+        with pytest.raises(ValueError, match="'lm_head.weight' is present, but config.json says"):
+            mtp_ckpt.load(tmp_path / "r", *embed_and_head(target))
+    save(full, tmp_path / "f")
+    _with_flag(tmp_path / "f")
+    with pytest.raises(ValueError, match="lm_head_from_target needs a reduced draft vocabulary"):
+        _check(str(tmp_path / "f"))
+    save(small, tmp_path / "b")
+    _with_flag(tmp_path / "b", "yes")
+    with pytest.raises(ValueError, match="lm_head_from_target must be true or false"):
+        _check(str(tmp_path / "b"))
+
+
+def test_eagle3_drafts_keep_their_rows(tmp_path, target):
+    """vLLM's own EAGLE-3 loader reads the rows from the file: `omit_target_head` leaves them."""
+    from vllm_specx.methods.eagle3.checkpoint import save
+    from vllm_specx.methods.eagle3.config import Eagle3Config
+    from vllm_specx.methods.eagle3.model import Eagle3Draft
+
+    tc = target.config.to_dict()
+    small = Eagle3Draft(Eagle3Config.for_target(tc, (1, 4, 6), len(IDS)), *embed_and_head(target), IDS)
+    save(small, tmp_path / "e")
+    assert not vocab.omit_target_head(tmp_path / "e", embed_and_head(target)[1])
+    assert "lm_head.weight" in load_file(f"{tmp_path}/e/model.safetensors")

@@ -1,10 +1,13 @@
 """Training pieces without vLLM: taps storage is resumable, and the trainer learns a pattern."""
 
+import argparse
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from vllm_specx.methods.dspark import train as dspark_train
 from vllm_specx.training.data import load_samples, write_taps
@@ -193,12 +196,37 @@ def test_trains_with_a_reduced_draft_vocabulary(tmp_path, method):
     counts = Counter(t for r in response_ids(data) for t in r if not (method == "dspark" and t == 2))
     got = vocab.target_ids(draft.d2t).tolist()
     assert 2 not in got and min(counts[t] for t in got) >= max(c for t, c in counts.items() if t not in got)
+    # the learning/compute curve's export: bf16, and the lm_head rows (the target's, never
+    # trained) left out where the method can take them from the target (not vLLM's EAGLE-3)
+    export = _bench_module("bench_learning_curve").export
+    export(tmp_path / "d", tmp_path / "x", argparse.Namespace(target=str(REF_TARGET)))
+    assert ("lm_head.weight" in load_file(str(tmp_path / "x" / "model.safetensors"))) == (method == "eagle3")
     if method == "eagle3":  # vLLM's built-in eagle3 serves it; vllm-specx checks it first
         check_vllm_draft(tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8, "vocab_size": 4096}, 7)
         return
-    method, cfg = registry.read_checkpoint(tmp_path / "d")
-    registry.check_draft(method, cfg, tmp_path / "d", {"hidden_size": 256, "num_hidden_layers": 8,
-                                                       "vocab_size": 4096}, 8)
+    back = load(tmp_path / "x", *embed_and_head(load_target(REF_TARGET)))
+    assert back.cfg.lm_head_from_target and torch.equal(back.lm_head, draft.lm_head)
+    for d in ("d", "x"):
+        method_, cfg = registry.read_checkpoint(tmp_path / d)
+        registry.check_draft(method_, cfg, tmp_path / d, {"hidden_size": 256, "num_hidden_layers": 8,
+                                                          "vocab_size": 4096}, 8)
+    # a warm start from the exported draft takes its vocabulary and the target's rows for it
+    trainer.train(trainer.parse_args(_train_argv(method, data, tmp_path / "w", *extra, "--init-from",
+                                                 str(tmp_path / "x"), "--steps", "0")))
+    warm = load(tmp_path / "w", *embed_and_head(load_target(REF_TARGET)))
+    assert torch.equal(warm.d2t, back.d2t) and torch.equal(warm.lm_head, back.lm_head)
+
+
+def _bench_module(name: str):
+    import importlib.util
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("specials,want", [

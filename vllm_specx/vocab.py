@@ -20,6 +20,12 @@ which `coverage` measures, never correctness).
 
 Inputs that are target tokens (the Markov head's previous token, the embeddings) stay at the
 target vocabulary.
+
+A reduced draft's `lm_head` rows are the target's own rows at `d2t`, frozen in training; a
+checkpoint may leave them out (`lm_head_from_target: true` in its config, `omit_target_head`):
+the reference loaders take them from the target's LM head (`target_rows`) and the served draft
+copies them from the target model when vLLM loads it (`TargetHeadRows`). That keeps a draft's
+file to its trained weights (SmolLM2's 14,677 rows x 576 are 16 MB of a 36 MB DSpark draft).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from collections.abc import Iterable
 import torch
 
 D2T, T2D = "d2t", "t2d"  # checkpoint tensor names (speculators' and vLLM's)
+HEAD = "lm_head.weight"  # a reduced draft's own output rows on disk
+FROM_TARGET = "lm_head_from_target"  # the config field: the rows are the target's, not on disk
 
 
 def maps(target_ids: torch.Tensor | Iterable[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,3 +190,83 @@ class ServedVocabMap:
         if self._target_ids is None:
             self._target_ids = target_ids(d2t.data)
         return self._target_ids
+
+
+def target_rows(lm_head: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """The target LM head's rows [Vd, H] of the draft vocabulary `d2t` (what a draft saved with
+    `lm_head_from_target` scores with)."""
+    ids = target_ids(d2t.long())
+    if int(ids.max()) >= lm_head.shape[0]:
+        raise ValueError(f"{FROM_TARGET}: d2t maps to target id {int(ids.max())}, but the target's LM "
+                         f"head has {lm_head.shape[0]} rows")
+    return lm_head.detach()[ids.to(lm_head.device)]
+
+
+class TargetHeadRows:
+    """For a proposer whose draft may take its reduced-vocabulary `lm_head` rows from the target
+    (`lm_head_from_target`): when vLLM's `load_model` offers the target's LM head
+    (`_maybe_share_lm_head`), copy the target's rows at `d2t` into the draft's own [Vd, H] head
+    instead. Needs the whole target head on this rank (tensor_parallel_size 1): refused otherwise."""
+
+    def _maybe_share_lm_head(self, target_language_model) -> None:
+        from vllm_specx import registry
+
+        _, cfg = registry.config_of(self.draft_model_config.hf_config)
+        if not getattr(cfg, FROM_TARGET, False):
+            return super()._maybe_share_lm_head(target_language_model)
+        head = getattr(getattr(target_language_model, "lm_head", None), "weight", None)
+        if not isinstance(head, torch.Tensor) or head.shape[0] < cfg.vocab_size:
+            rows = None if not isinstance(head, torch.Tensor) else head.shape[0]
+            raise ValueError(f"draft config {FROM_TARGET}: the draft's LM head rows come from the "
+                             f"target's LM head, but this rank holds {rows} of its {cfg.vocab_size} "
+                             f"rows (a tensor-parallel target?); serve it with tensor_parallel_size 1 "
+                             f"or use a draft that carries its own '{HEAD}'")
+        lm_head = self.model.lm_head
+        with torch.no_grad():
+            lm_head.weight[:cfg.draft_vocab_size].copy_(target_rows(head, self.model.draft_id_to_target_id.data))
+        # vLLM prepared the head's weights after loading (on the CPU: a packed GEMM copy that the
+        # logits read); prepare them again from the rows just copied in.
+        method = getattr(lm_head, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(lm_head)
+        self.model.has_own_lm_head = True
+
+
+def omit_target_head(path, lm_head: torch.Tensor) -> bool:
+    """Rewrite the reduced-vocabulary draft checkpoint at `path` without its `lm_head.weight` when
+    those rows are exactly the target LM head's `lm_head` [V, H] rows at `d2t` (compared in the
+    file's dtype), setting `specx.lm_head_from_target: true` in config.json; the result is checked
+    as `vllm-specx check` reads it. False, and nothing written, when the draft is not a vllm-specx
+    method's or its method has no such field, the draft has no reduced vocabulary or no own rows, or the rows differ from the target's
+    (a draft that trained its head keeps it)."""
+    import dataclasses
+    from pathlib import Path
+
+    from vllm_specx import registry
+    from vllm_specx.checkpoint import (check_tensors, check_vocab_maps, load_tensors, read_config_json,
+                                       safetensors_files, save_tensors, write_config_json)
+
+    if registry.detect(read_config_json(path)) is None:
+        return False  # a baseline vLLM loads itself (EAGLE-3): its loader reads the rows from the file
+    _, cfg = registry.read_checkpoint(path)
+    if FROM_TARGET not in {f.name for f in dataclasses.fields(cfg)} or not getattr(cfg, "reduced_vocab", False):
+        return False
+    tensors = load_tensors(path)
+    own = tensors.get(HEAD)
+    if own is None or D2T not in tensors:
+        return False
+    if not torch.equal(own, target_rows(lm_head, tensors[D2T]).to(own.dtype)):
+        return False
+    raw = read_config_json(path)
+    if not isinstance(raw.get("specx"), dict):
+        return False  # another format (speculators): no field for it
+    raw["specx"][FROM_TARGET] = True
+    for f in safetensors_files(path):
+        f.unlink()
+    del tensors[HEAD]
+    save_tensors(path, tensors)
+    write_config_json(path, raw)
+    _, cfg = registry.read_checkpoint(Path(path))  # what `vllm-specx check` reads
+    check_tensors(path, cfg.expected_tensors())
+    check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)
+    return bool(getattr(cfg, FROM_TARGET))

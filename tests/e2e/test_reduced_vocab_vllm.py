@@ -77,6 +77,47 @@ def test_reduced_vocabulary_mtp_in_vllm(tmp_path, target, prompts, nospec_output
         assert shape[1] == 4096 and outside == 0.0 and abs(total - 1.0) < 1e-4, (shape, outside, total)
 
 
+@pytest.mark.parametrize("method", ["dspark", "mtp"])
+def test_reduced_vocabulary_rows_from_the_target_in_vllm(tmp_path, target, prompts, nospec_outputs, method):
+    """A draft saved without its lm_head rows (`lm_head_from_target`, `vocab.omit_target_head`):
+    when vLLM loads it, the proposer copies the target's rows at d2t into the draft's own head
+    (`vocab.TargetHeadRows`): the served head is exactly those rows (uninitialised, or the
+    target's whole [V, H] head, otherwise), DSpark's drafts equal the reference's and greedy
+    output equals no-spec."""
+    import torch
+
+    from vllm_specx import vocab
+    from vllm_specx.methods.mtp.checkpoint import save
+
+    if method == "dspark":
+        draft = random_draft(target, layers=2, draft_vocab=IDS)
+        path = write(draft, tmp_path / "d")
+    else:
+        draft = T.random_mtp(target, kv_share=True, draft_vocab=IDS)
+        save(draft, path := tmp_path / "m")
+    head = T.embed_and_head(target)[1]
+    assert vocab.omit_target_head(path, head)
+    spec = {"method": method, "model": str(path), "num_speculative_tokens": 5}
+    with T.cpu_llm(T.REF_TARGET, speculative_config=spec) as llm:
+        served = torch.tensor(llm.collective_rpc(T.served_head)[0])
+        if method == "dspark":
+            _check_drafts_match_reference(llm, target, draft, prompts[0], 5)
+        else:
+            llm.collective_rpc(T.record_mtp_steps)
+            out = llm.generate([prompts[0]], GREEDY)[0]
+            records = llm.collective_rpc(T.read_mtp_steps)[0]
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert torch.equal(served, head[torch.tensor(IDS)].float())
+    assert outs == nospec_outputs
+    if method == "mtp":  # the logits vLLM computes with the copied rows are the reference's
+        seq, p = list(out.prompt_token_ids) + list(out.outputs[0].token_ids), len(out.prompt_token_ids)
+        for j, rec in enumerate(records[:2]):
+            got = torch.tensor(rec["logits"])[:, 0]  # [K, Vd]
+            want = draft.draft_logits(T.target_final_hidden(target, seq[: p + j]), torch.tensor(seq[: p + j + 1]),
+                                      5, drafts=[d[0] for d in rec["drafts"]])
+            assert (got - want).abs().max().item() < 2e-3, f"pass {j}: served logits differ from the reference"
+
+
 @pytest.mark.full  # the baseline: vLLM's own llama_eagle3 reads d2t; our part is the checkpoint
 def test_reduced_vocabulary_eagle3_baseline_in_vllm(tmp_path, target, prompts, nospec_outputs):
     """An EAGLE-3 draft our trainer writes with a reduced draft vocabulary is served by vLLM's

@@ -107,6 +107,8 @@ METHOD = registry.register(registry.Method(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.forward",
         "vllm._custom_ops:rms_norm",
         "vllm.v1.spec_decode.dflash:DFlashProposer",
+        # lm_head_from_target: the target's rows copied in (`vocab.TargetHeadRows`)
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_lm_head",
         "vllm.v1.spec_decode.dflash:DFlashProposer.set_inputs_first_pass",
         "vllm.v1.spec_decode.dflash:DFlashProposer._sample_draft_tokens",
         "vllm.v1.spec_decode.llm_base_proposer:compute_probs_and_sample_next_token",

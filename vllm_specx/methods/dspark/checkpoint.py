@@ -157,12 +157,14 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
         "specx": {
             "method": METHOD_NAME, "format_version": FORMAT_VERSION,
             "target_layer_ids": list(c.target_layer_ids),
-            "target_hidden_size": c.target_hidden_size, **{k: getattr(c, k) for k in DRAFT_OPTIONS},
+            "target_hidden_size": c.target_hidden_size,
+            # lm_head_from_target only when set: a reader older than the field still reads the rest
+            **{k: getattr(c, k) for k in DRAFT_OPTIONS if k != vocab.FROM_TARGET or c.lm_head_from_target},
             **({"draft_vocab_size": c.draft_vocab_size} if c.reduced_vocab else {}),
             **(extra or {}),
         },
     }
-    _write(draft, path, config, dtype)
+    _write(draft, path, config, dtype, omit=("lm_head",) if c.lm_head_from_target else ())
 
 
 def save_speculators(draft, path: str | Path, verifier: str) -> None:
@@ -202,10 +204,12 @@ def save(draft, path: str | Path, fmt: str = "specx", **kw) -> None:
     {"specx": save_specx, "speculators": save_speculators}[fmt](draft, path, **kw)
 
 
-def _write(draft, path, config: dict, dtype: torch.dtype = torch.float32) -> None:
+def _write(draft, path, config: dict, dtype: torch.dtype = torch.float32, omit: tuple[str, ...] = ()) -> None:
+    """config.json and the draft's tensors but `omit` (the speculators format always writes a
+    reduced vocabulary's lm_head rows: it has no `lm_head_from_target`)."""
     write_config_json(path, config)
     save_tensors(path, {_ON_DISK.get(k, k): v.to(dtype) if v.is_floating_point() else v
-                        for k, v in draft.state_dict().items()})
+                        for k, v in draft.state_dict().items() if k not in omit})
 
 
 # A reduced draft vocabulary's own lm_head rows: a plain tensor in the model, vLLM's name on disk.
@@ -223,6 +227,8 @@ def load_draft(path: str | Path, embed, lm_head):
     if cfg.reduced_vocab:
         check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)  # names the file
         tensors = vocab.loaded_maps(tensors, cfg.vocab_size, cfg.draft_vocab_size, None)
+        if cfg.lm_head_from_target:  # the rows are the target's (`vllm_specx.vocab`)
+            tensors["lm_head"] = vocab.target_rows(lm_head, tensors[vocab.D2T])
     draft = DSparkDraft(cfg, embed, lm_head)
     draft.load_state_dict(tensors, strict=True)
     return draft

@@ -24,7 +24,7 @@ REQUIRED = object()
 DRAFT_OPTIONS: dict[str, Any] = {
     "block_size": REQUIRED, "mask_token_id": REQUIRED, "markov_rank": REQUIRED,
     "sample_from_anchor": True, "causal": False, "markov_head_type": "vanilla", "confidence_head": None,
-    "sliding_window": None, **{k: False for k in RECIPE_SWITCHES},
+    "sliding_window": None, **{k: False for k in RECIPE_SWITCHES}, "lm_head_from_target": False,
 }
 RECIPE = {"final_layer_tap": True, "per_layer_fusion": True, "slot_queries": True,
           "markov_head_type": "rnn"}
@@ -80,6 +80,9 @@ class DSparkDraftConfig:
         slot_queries: query slot j >= 1 starts from its own learned embedding
             (`slot_queries` [block_size - 1, hidden_size]) instead of the mask token's.
         The recurrent head is `markov_head_type: "rnn"`.
+        lm_head_from_target: a reduced draft vocabulary whose `lm_head` rows are exactly the
+            target's at `d2t` leaves them out of the checkpoint; loaders take them from the
+            target's LM head (`vllm_specx.vocab`). Refused without a reduced vocabulary.
     """
 
     source_format: str
@@ -106,6 +109,7 @@ class DSparkDraftConfig:
     final_layer_tap: bool = False
     per_layer_fusion: bool = False
     slot_queries: bool = False
+    lm_head_from_target: bool = False
 
     def __post_init__(self) -> None:
         def fail(msg: str):
@@ -119,7 +123,7 @@ class DSparkDraftConfig:
                 fail(f"{name} must be an integer, got {value!r}")
             if value < 0 or (value == 0 and name != "mask_token_id"):
                 fail(f"{name} must be positive, got {value}")
-        for name in ("sample_from_anchor", "causal") + RECIPE_SWITCHES:
+        for name in ("sample_from_anchor", "causal", "lm_head_from_target") + RECIPE_SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
@@ -149,6 +153,9 @@ class DSparkDraftConfig:
         if self.draft_vocab_size > self.vocab_size:
             fail(f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size} (a "
                  "draft vocabulary is a subset of the target's)")
+        if self.lm_head_from_target and not self.reduced_vocab:
+            fail("lm_head_from_target needs a reduced draft vocabulary (draft_vocab_size below "
+                 "vocab_size): a full-vocabulary draft always scores with the target's LM head")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             fail(f"rms_norm_eps ({self.rms_norm_eps}) and rope_theta ({self.rope_theta}) must be > 0")
 
@@ -211,6 +218,7 @@ class DSparkDraftConfig:
         return (f"{self.source_format} DSpark draft, block {self.block_size} ({self.layout} layout), "
                 f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head"
                 + (f", draft vocabulary {self.draft_vocab_size} of {self.vocab_size}" if self.reduced_vocab else "")
+                + (" (LM head rows from the target)" if self.lm_head_from_target else "")
                 + (f", recipe: {', '.join(self.recipe)}" if self.recipe else ""))
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
@@ -265,9 +273,10 @@ class DSparkDraftConfig:
         if self.confidence_head is not None:
             width = h + (r if self.confidence_head == "hidden+markov" else 0)
             shapes.update({"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)})
-        if self.reduced_vocab:  # its own output rows, and the maps (`vllm_specx.vocab`)
-            shapes.update({"lm_head.weight": (self.draft_vocab_size, h), "d2t": (self.draft_vocab_size,),
-                           "t2d": (self.vocab_size,)})
+        if self.reduced_vocab:  # its own output rows (unless the target's), and the maps (`vllm_specx.vocab`)
+            shapes.update({"d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
+            if not self.lm_head_from_target:
+                shapes["lm_head.weight"] = (self.draft_vocab_size, h)
         if self.per_layer_fusion:
             shapes["fusion_logits"] = (self.num_hidden_layers, len(self.target_layer_ids))
         if self.slot_queries:

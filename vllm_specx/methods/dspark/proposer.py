@@ -37,7 +37,7 @@ import os
 import torch
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
-from vllm_specx import registry
+from vllm_specx import registry, vocab
 from vllm_specx.adaptive.estimator import feature
 from vllm_specx.adaptive.proposer import AdaptiveProposer, drain_writes, make_adaptive, top_probability
 from vllm_specx.methods.dspark.model import greedy_pick, reads_anchor_slot, sequential_drafts
@@ -47,7 +47,7 @@ logger = logging.getLogger("vllm.specx")
 _VLLM_SLOT_OFFSET = 1  # DFlash's sample_idx points at slots 1..N (the fill-in layout)
 
 
-class DSparkProposer(AdaptiveProposer, DFlashProposer):
+class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
     def __init__(self, vllm_config, device, runner=None):
         super().__init__(vllm_config, device, runner)
         _, self.dspark = registry.config_of(self.draft_model_config.hf_config)  # validated

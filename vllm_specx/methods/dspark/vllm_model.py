@@ -84,7 +84,8 @@ class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
         _, cfg = registry.config_of(self.config)  # validated again here, in the worker
         self.dspark = cfg
         # A reduced draft vocabulary brings its own lm_head rows (vLLM's DFlash model builds it at
-        # draft_vocab_size); the proposer must not swap in the target's [V, H] one.
+        # draft_vocab_size), or, with lm_head_from_target, the proposer copies the target's rows
+        # into it; vLLM must not swap in the target's [V, H] head.
         self.has_own_lm_head = cfg.reduced_vocab
         dtype = vllm_config.model_config.dtype
         self.markov_head = MarkovHead(cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank,
@@ -195,5 +196,10 @@ class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
         missing = sorted(set(params) - seen)
         if missing:
             raise ValueError(f"DSpark checkpoint: missing tensors {missing}")
+        if self.dspark.lm_head_from_target and any(name == vocab.HEAD for name, _ in rest):
+            raise ValueError(f"DSpark checkpoint: tensor '{vocab.HEAD}' is present, but the config says "
+                             f"{vocab.FROM_TARGET}: true (the rows come from the target)")
         loaded = super().load_weights(rest)
-        return loaded | set(params) if isinstance(loaded, set) else loaded
+        # lm_head_from_target: DSparkProposer copies the target's rows in (`vocab.TargetHeadRows`)
+        head = {vocab.HEAD} if self.dspark.lm_head_from_target else set()
+        return loaded | set(params) | head if isinstance(loaded, set) else loaded

@@ -91,6 +91,8 @@ METHOD = registry.register(registry.Method(
         "vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding",
         "vllm.model_executor.model_loader.weight_utils:default_weight_loader",
         "vllm.v1.spec_decode.eagle:EagleProposer",
+        # lm_head_from_target: the target's rows copied in (`vocab.TargetHeadRows`)
+        "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_lm_head",
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose",
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._update_positions_dependent_metadata",
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_draft_tokens",

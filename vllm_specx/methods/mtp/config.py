@@ -31,6 +31,9 @@ class MTPDraftConfig:
             carries its own `lm_head.weight` [draft_vocab_size, H] (rows of the target's) and the
             map `d2t` [draft_vocab_size] (optionally `t2d` [vocab_size]); the embeddings stay the
             target's (a step's input token is always a target token).
+        lm_head_from_target: a reduced draft vocabulary whose `lm_head` rows are exactly the
+            target's at `d2t` leaves them out of the checkpoint; loaders take them from the
+            target's LM head (`vllm_specx.vocab.TargetHeadRows`). Refused without one.
         fusion_layer_ids: empty for a plain MTP layer (step 0 reads the target's final hidden
             state H_p); the Kimi-K3 variant: 0-based target layers whose residual streams
             (vLLM's EAGLE-3 aux hidden states) `fc` fuses into step 0's hidden input.
@@ -54,6 +57,7 @@ class MTPDraftConfig:
     trained_steps: int = 7
     fusion_layer_ids: tuple[int, ...] = ()
     draft_vocab_size: int = 0
+    lm_head_from_target: bool = False
     source_format: str = "specx"
 
     def __post_init__(self):
@@ -92,6 +96,13 @@ class MTPDraftConfig:
             raise ValueError(f"MTP draft config: draft_vocab_size must be an integer in [1, vocab_size "
                              f"{self.vocab_size}] (0: the full vocabulary), got {v!r}")
         object.__setattr__(self, "draft_vocab_size", v or self.vocab_size)
+        if not isinstance(self.lm_head_from_target, bool):
+            raise ValueError(f"MTP draft config: lm_head_from_target must be true or false, got "
+                             f"{self.lm_head_from_target!r}")
+        if self.lm_head_from_target and not self.reduced_vocab:
+            raise ValueError("MTP draft config: lm_head_from_target needs a reduced draft vocabulary "
+                             "(draft_vocab_size below vocab_size): a full-vocabulary draft always "
+                             "scores with the target's LM head")
         if self.source_format != "specx":
             raise ValueError(f"MTP draft config: source_format {self.source_format!r} is not 'specx'")
 
@@ -132,8 +143,9 @@ class MTPDraftConfig:
                 b + "mlp.gate_proj.weight": (i, h), b + "mlp.up_proj.weight": (i, h),
                 b + "mlp.down_proj.weight": (h, i), "shared_head.norm.weight": (h,),
                 **({"fc.weight": (h, h * len(self.fusion_layer_ids))} if self.fusion_layer_ids else {}),
-                **({"lm_head.weight": (self.draft_vocab_size, h), "d2t": (self.draft_vocab_size,),
-                    "t2d": (self.vocab_size,)} if self.reduced_vocab else {})}
+                **({"d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)} if self.reduced_vocab else {}),
+                **({"lm_head.weight": (self.draft_vocab_size, h)}
+                   if self.reduced_vocab and not self.lm_head_from_target else {})}
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -143,6 +155,7 @@ class MTPDraftConfig:
     def summary(self) -> str:
         k3 = f", K3 fusion of target layers {list(self.fusion_layer_ids)}" if self.fusion_layer_ids else ""
         k3 += f", draft vocabulary {self.draft_vocab_size} of {self.vocab_size}" if self.reduced_vocab else ""
+        k3 += " (LM head rows from the target)" if self.lm_head_from_target else ""
         return (f"MTP layer (shared across draft steps, {self.attention} attention{k3}), hidden "
                 f"{self.hidden_size}, kv_share {'on' if self.kv_share else 'off'}, trained for "
                 f"{self.trained_steps} steps, {self.max_drafts} drafts by default")

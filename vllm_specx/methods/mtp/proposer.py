@@ -49,7 +49,7 @@ from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pi
 logger = logging.getLogger("vllm.specx")
 
 
-class MTPProposer(AdaptiveProposer, EagleProposer):
+class MTPProposer(vocab.TargetHeadRows, AdaptiveProposer, EagleProposer):
     def __init__(self, vllm_config, device, runner=None):
         super().__init__(vllm_config, device, runner)
         _, self.mtp = registry.config_of(self.draft_model_config.hf_config)  # validated

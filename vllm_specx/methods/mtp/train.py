@@ -26,6 +26,7 @@ import random
 
 import torch
 
+from vllm_specx import vocab
 from vllm_specx.methods.mtp.checkpoint import save as save_mtp
 from vllm_specx.methods.mtp.config import MTPDraftConfig
 from vllm_specx.methods.mtp.model import MTPDraft, final_hidden
@@ -78,6 +79,8 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
             start["fc.weight"] = draft.fc.weight
         if cfg.reduced_vocab and "d2t" not in start:  # a full-vocabulary layer: this run's vocabulary
             start.update({k: v for k, v in draft.specx_state_dict().items() if k in ("lm_head.weight", "d2t", "t2d")})
+        elif cfg.reduced_vocab and "lm_head.weight" not in start:  # saved with lm_head_from_target
+            start["lm_head.weight"] = vocab.target_rows(lm_head, start["d2t"])
         try:
             draft.load_specx_state_dict(start)  # names and shapes checked
         except ValueError as e:

@@ -119,8 +119,11 @@ class SpecxMTPForCausalLM(vocab.ServedVocabMap, Eagle3LlamaForCausalLM):
         loaded = set()
         own = set()
         for name, w in weights:
-            if self.mtp.reduced_vocab and name in ("lm_head.weight", vocab.D2T, vocab.T2D):
-                if name == "lm_head.weight":
+            if self.mtp.reduced_vocab and name in (vocab.HEAD, vocab.D2T, vocab.T2D):
+                if name == vocab.HEAD and self.mtp.lm_head_from_target:
+                    raise ValueError(f"MTP checkpoint: tensor '{vocab.HEAD}' is present, but the config "
+                                     f"says {vocab.FROM_TARGET}: true (the rows come from the target)")
+                if name == vocab.HEAD:
                     getattr(self.lm_head.weight, "weight_loader", default_weight_loader)(self.lm_head.weight, w)
                 elif name == vocab.D2T:
                     self.draft_id_to_target_id.data.copy_(w.long())
@@ -145,7 +148,8 @@ class SpecxMTPForCausalLM(vocab.ServedVocabMap, Eagle3LlamaForCausalLM):
         if missing:
             raise ValueError(f"MTP checkpoint: missing tensors {missing}")
         if self.mtp.reduced_vocab:
-            lost = sorted({"lm_head.weight", vocab.D2T} - own)
+            # lm_head_from_target: MTPProposer copies the target's rows in (`vocab.TargetHeadRows`)
+            lost = sorted(({vocab.D2T} | (set() if self.mtp.lm_head_from_target else {vocab.HEAD})) - own)
             if lost:
                 raise ValueError(f"MTP checkpoint with a reduced draft vocabulary: missing tensors {lost}")
             return {"model." + n for n in params} | {"lm_head.weight", "draft_id_to_target_id"}
