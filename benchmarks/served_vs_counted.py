@@ -21,10 +21,7 @@ K = 7
 
 def check(target, run: Path, ev: Path, rows: list[dict]) -> dict:
     """One run's row: vLLM's counters serving `rows` (the answers of `ev`) against its count."""
-    from vllm import SamplingParams
-
-    from vllm_specx.bench.eval import generate_measured
-    from vllm_specx.engine import cpu_llm
+    from vllm_specx.bench.eval import serve_answers
 
     rec = json.loads((run / "training.json").read_text())
     if ev.name not in rec.get("eval", {}):
@@ -32,16 +29,13 @@ def check(target, run: Path, ev: Path, rows: list[dict]) -> dict:
     if rec["args"].get("eval_drafts", K) != K or rec["args"].get("eval_max_tokens") is not None:
         raise SystemExit(f"--run {run}: evaluated with --eval-drafts {rec['args'].get('eval_drafts')} "
                          f"--eval-max-tokens {rec['args'].get('eval_max_tokens')}; this compares K = {K}, whole answers")
-    params = [SamplingParams(temperature=0, max_tokens=len(r["output_ids"]), ignore_eos=True) for r in rows]
-    spec = {"method": rec["args"]["method"], "model": str(run), "num_speculative_tokens": K}
-    with cpu_llm(target, spec) as llm:
-        got = generate_measured(llm, [{"prompt_token_ids": r["prompt_ids"]} for r in rows], params)
+    got = serve_answers(target, rec["args"]["method"], run, rows, K)
     ours = rec["eval"][ev.name]
     home = str(Path.home())
     return {
         "run": str(run).replace(home, "~"), "method": rec["args"]["method"],
         "draft_vocab": rec["args"].get("draft_vocab"), "eval": ev.name, "answers": len(rows),
-        "identical": sum(o == r["output_ids"] for o, r in zip(got["outputs"], rows)),
+        "identical": got["identical"],
         "tau_vllm": got["tau"], "tau_counted": ours["tau_served"],
         "rel_diff": round(abs(ours["tau_served"] - got["tau"]) / got["tau"], 4),
         "passes_vllm": got["num_drafts"], "passes_counted": ours["served_passes"],

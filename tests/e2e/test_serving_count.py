@@ -12,9 +12,7 @@ import json
 import shutil
 
 import pytest
-from vllm import SamplingParams
-
-from vllm_specx.bench.eval import generate_measured
+from vllm_specx.bench.eval import serve_answers
 from vllm_specx.training import data as gen_data
 from vllm_specx.training import serving_count, trainer
 
@@ -57,12 +55,7 @@ def served(name: str, ev) -> dict:
     rows = [json.loads(line) for line in (ev / "tokens.jsonl").read_text().splitlines()]
     draft = T.ASSETS / "drafts" / name
     method = json.loads((draft / "training.json").read_text())["args"]["method"]  # its serving method too
-    spec = {"method": method, "model": str(draft), "num_speculative_tokens": K}
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with T.cpu_llm(T.REF_TARGET, spec) as llm:
-        got = generate_measured(llm, [{"prompt_token_ids": r["prompt_ids"]} for r in rows], params)
-    got["answers"] = [r["output_ids"][:MAX_TOKENS] for r in rows]
-    return got
+    return serve_answers(T.REF_TARGET, method, draft, rows, K, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("name", DRAFTS)

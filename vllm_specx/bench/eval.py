@@ -39,6 +39,23 @@ def generate_measured(llm, inputs: list, params) -> dict:
     return row
 
 
+def serve_answers(target, method: str, draft, rows: list[dict], k: int, max_tokens: int | None = None) -> dict:
+    """vLLM serving evaluation answers (`gen-data --for-eval` rows: `prompt_ids`, `output_ids`)
+    with a draft, K drafts a pass, greedy: each prompt's token ids, `max_tokens` the answer's
+    length (or the cap given). `generate_measured`'s row plus `answers` (the answers cut to what
+    was served) and `identical` (outputs equal to them: greedy with a draft = without)."""
+    from vllm import SamplingParams
+
+    cut = [r["output_ids"][:max_tokens] if max_tokens else r["output_ids"] for r in rows]
+    params = [SamplingParams(temperature=0, max_tokens=len(a), ignore_eos=True) for a in cut]
+    spec = {"method": method, "model": str(draft), "num_speculative_tokens": k}
+    with cpu_llm(target, spec) as llm:
+        got = generate_measured(llm, [{"prompt_token_ids": r["prompt_ids"]} for r in rows], params)
+    got["answers"] = cut
+    got["identical"] = sum(o == a for o, a in zip(got["outputs"], cut))
+    return got
+
+
 def measure(target, prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
             temperature: float = 0.0, **engine) -> dict:
     """Generate `max_tokens` per prompt (ignore_eos) after a one-prompt warm-up: `generate_measured`'s
