@@ -416,3 +416,47 @@ def test_eagle3_drafts_keep_their_rows(tmp_path, target):
     save(small, tmp_path / "e")
     assert not vocab.omit_target_head(tmp_path / "e", embed_and_head(target)[1])
     assert "lm_head.weight" in load_file(f"{tmp_path}/e/model.safetensors")
+
+
+def test_the_served_head_takes_the_targets_rows_or_refuses(pair):
+    """`vocab.TargetHeadRows` without an engine: with lm_head_from_target it copies the target's
+    rows at d2t into the draft's head and has vLLM prepare the head again; a target head split
+    over ranks, or stored quantised, is refused naming the field; without the flag vLLM's own
+    sharing runs."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    cfg = dataclasses.replace(pair[1].cfg, lm_head_from_target=True)
+    calls = []
+
+    class Base:
+        def _maybe_share_lm_head(self, target):
+            calls.append("vllm")
+
+    class Proposer(vocab.TargetHeadRows, Base):
+        pass
+
+    def proposer(cfg, rows=len(IDS) + 5):
+        p = Proposer()
+        p.draft_model_config = SimpleNamespace(hf_config=SimpleNamespace(specx_route="dspark",
+                                                                         specx_config=cfg.to_dict()))
+        head = torch.nn.Module()
+        head.weight = torch.nn.Parameter(torch.zeros(rows, 256), requires_grad=False)  # vLLM pads rows
+        head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: calls.append("prepared"))
+        p.model = SimpleNamespace(lm_head=head, draft_id_to_target_id=torch.nn.Parameter(pair[1].d2t.clone(),
+                                                                                         requires_grad=False))
+        return p
+
+    target_head = torch.randn(V + 64, 256)  # padded like vLLM's ParallelLMHead
+    p = proposer(cfg)
+    p._maybe_share_lm_head(SimpleNamespace(lm_head=SimpleNamespace(weight=target_head)))
+    assert torch.equal(p.model.lm_head.weight[:len(IDS)], target_head[IDS]) and calls == ["prepared"]
+    assert p.model.has_own_lm_head
+    with pytest.raises(ValueError, match=r"lm_head_from_target: .* holds 1024 of its 4096 rows"):
+        proposer(cfg)._maybe_share_lm_head(SimpleNamespace(lm_head=SimpleNamespace(weight=target_head[:1024])))
+    with pytest.raises(ValueError, match=r"lm_head_from_target: the target's LM head is stored as torch.int32"):
+        proposer(cfg)._maybe_share_lm_head(
+            SimpleNamespace(lm_head=SimpleNamespace(weight=torch.zeros(V, 32, dtype=torch.int32))))
+    calls.clear()
+    proposer(pair[1].cfg)._maybe_share_lm_head(SimpleNamespace(lm_head=SimpleNamespace(weight=target_head)))
+    assert calls == ["vllm"]

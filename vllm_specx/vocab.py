@@ -222,6 +222,10 @@ class TargetHeadRows:
                              f"rows (a tensor-parallel target?); serve it with tensor_parallel_size 1 "
                              f"or use a draft that carries its own '{HEAD}'")
         lm_head = self.model.lm_head
+        if not head.is_floating_point() or head.shape[-1] != lm_head.weight.shape[-1]:
+            raise ValueError(f"draft config {FROM_TARGET}: the target's LM head is stored as {head.dtype} "
+                             f"{list(head.shape)} (quantised?), not the [V, {lm_head.weight.shape[-1]}] "
+                             f"rows the draft scores with; use a draft that carries its own '{HEAD}'")
         with torch.no_grad():
             lm_head.weight[:cfg.draft_vocab_size].copy_(target_rows(head, self.model.draft_id_to_target_id.data))
         # vLLM prepared the head's weights after loading (on the CPU: a packed GEMM copy that the
