@@ -132,8 +132,9 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
                                  "draft flags it was trained with: taps, recipe switches, head type)")
     except (OSError, ValueError) as e:
         raise SystemExit(f"--init-from {args.init_from}: {e}" if args.init_from else str(e)) from None
-    if cfg.reduced_vocab and args.init_from:  # the rows of the vocabulary it ends with (the
-        draft.lm_head.copy_(vocab.target_rows(lm_head, draft.d2t))  # warm start's d2t), the target's
+    if cfg.reduced_vocab and args.init_from:
+        # the target's rows of the vocabulary the warm start left (its d2t; its file may not carry them)
+        draft.lm_head.copy_(vocab.target_rows(lm_head, draft.d2t))
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
 
