@@ -241,8 +241,9 @@ def omit_target_head(path, lm_head: torch.Tensor) -> bool:
     those rows are exactly the target LM head's `lm_head` [V, H] rows at `d2t` (compared in the
     file's dtype), setting `specx.lm_head_from_target: true` in config.json; the result is checked
     as `vllm-specx check` reads it. False, and nothing written, when the draft is not a vllm-specx
-    method's or its method has no such field, the draft has no reduced vocabulary or no own rows, or the rows differ from the target's
-    (a draft that trained its head keeps it)."""
+    method's (a baseline vLLM loads itself, such as EAGLE-3, reads the rows from the file), not in
+    the vllm-specx format, of a method without the field, without a reduced vocabulary or own
+    rows, or when its rows differ from the target's (a draft that trained its head keeps it)."""
     import dataclasses
     from pathlib import Path
 
@@ -250,9 +251,11 @@ def omit_target_head(path, lm_head: torch.Tensor) -> bool:
     from vllm_specx.checkpoint import (check_tensors, check_vocab_maps, load_tensors, read_config_json,
                                        safetensors_files, save_tensors, write_config_json)
 
-    if registry.detect(read_config_json(path)) is None:
-        return False  # a baseline vLLM loads itself (EAGLE-3): its loader reads the rows from the file
-    _, cfg = registry.read_checkpoint(path)
+    raw = read_config_json(path)
+    hit = registry.detect(raw)
+    if hit is None or not isinstance(raw.get("specx"), dict):  # speculators format: no field for it
+        return False
+    cfg = hit[0].read_config(raw, str(Path(path) / "config.json"))
     if FROM_TARGET not in {f.name for f in dataclasses.fields(cfg)} or not getattr(cfg, "reduced_vocab", False):
         return False
     tensors = load_tensors(path)
@@ -261,16 +264,13 @@ def omit_target_head(path, lm_head: torch.Tensor) -> bool:
         return False
     if not torch.equal(own, target_rows(lm_head, tensors[D2T]).to(own.dtype)):
         return False
-    raw = read_config_json(path)
-    if not isinstance(raw.get("specx"), dict):
-        return False  # another format (speculators): no field for it
     raw["specx"][FROM_TARGET] = True
     for f in safetensors_files(path):
         f.unlink()
     del tensors[HEAD]
     save_tensors(path, tensors)
     write_config_json(path, raw)
-    _, cfg = registry.read_checkpoint(Path(path))  # what `vllm-specx check` reads
+    _, cfg = registry.read_checkpoint(path)  # what `vllm-specx check` reads
     check_tensors(path, cfg.expected_tensors())
     check_vocab_maps(path, cfg.vocab_size, cfg.draft_vocab_size)
     return bool(getattr(cfg, FROM_TARGET))
