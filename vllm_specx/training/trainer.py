@@ -629,7 +629,10 @@ def resume(cfg: TrainConfig, d: Dist, run: Run) -> None:
     if not (cfg.resume and file.is_file()):
         return
     st = torch.load(file, map_location=d.device, weights_only=False)
-    changed = {k: (v, getattr(cfg, k, None)) for k, v in st.get("args", {}).items() if getattr(cfg, k, None) != v}
+    # compared as they were stored (_run_args), not as the hooks may have resolved them since
+    # (DSpark's build fills a default --mask-token-id on the config it is given)
+    now = _run_args(cfg)
+    changed = {k: (v, now.get(k)) for k, v in st.get("args", {}).items() if now.get(k) != v}
     if changed:  # a resumed run is the interrupted run: another loss, schedule or data is a new run
         raise SystemExit(f"--resume {file}: " + ", ".join(
             f"--{k.replace('_', '-')} {new} differs from the interrupted run's {old}" for k, (old, new) in changed.items())
