@@ -3,7 +3,8 @@
 Three ops, for every (context, batch, query tokens per request):
   logits         `indexer_logits_decode`          vs the PyTorch reference
   topk           radix top-k of the logits        vs `torch.topk` and the sort-based reference
-  indexer_topk   indexer -> top-k, materialised (G0) and fused (G>0) paths
+  indexer_topk   indexer -> top-k, materialised (G0), fused group-max (G>0) and per-chunk
+                 candidates (C: chunk keys per program) paths
                  vs reference logits + `torch.topk` and the full reference
 
 For each it reports time, the bytes and FLOPs the op must touch (K read once per request, q, w,
@@ -38,6 +39,7 @@ DTYPES = {"bf16": (torch.bfloat16,) * 2, "fp16": (torch.float16,) * 2, "fp32": (
 
 LOGITS_TUNING = {"w8": dict(num_warps=8), "bt2w8": dict(block_t=2, num_warps=8),
                  "bs128w8": dict(block_s=128, num_warps=8)}
+CHUNKS = (4096, 16384)  # keys per program of the per-chunk-candidates indexer -> top-k path
 TOPK_TUNING = {"": {}, "8bit": dict(radix_bits=8), "1chunk": dict(num_splits=1),
                "4warps": dict(num_warps=4), "2048cols": dict(block=2048)}
 
@@ -187,6 +189,11 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
                       lambda g=g: K.indexer_topk_decode_triton(q, kc, w, bt, seq, k, group=g,
                                                                max_seq_len=ctx),
                       ref_topk))
+    for c in CHUNKS:  # per-chunk candidates on chip, then one merge
+        cases.append(("indexer_topk", f"chunks-C{c}",
+                      lambda c=c: K.indexer_topk_decode_triton(q, kc, w, bt, seq, k, chunk=c,
+                                                               max_seq_len=ctx),
+                      ref_topk))
     results, baseline_ms = [], {}
     for op, variant, fn, baselines in cases:
         bytes_, flops = costs[op]
@@ -316,6 +323,8 @@ def compile_only(args) -> dict:
                 K.indexer_logits_decode_triton(q, kc, w, bt, seq, k_scale, **t)
             K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=0)
             K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, group=8)
+            K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, chunk=256)  # + the merge
+            K.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, k_scale, chunk=4096)  # one chunk
             cu = torch.tensor([0, 3, 8], dtype=torch.int32)
             K.indexer_topk_prefill_triton(q.flatten(0, 1), kc.flatten(0, 1)[:600], w.flatten(0, 1),
                                           cu, torch.tensor([0, 300, 600], dtype=torch.int32), 64,

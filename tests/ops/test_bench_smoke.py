@@ -15,7 +15,7 @@ def test_bench_smoke(tmp_path):
     assert {"date", "git_sha", "torch", "triton", "device", "peaks"} <= set(report["meta"])
     ops = {(r["op"], r["variant"].split("-")[0]) for r in report["results"]}
     assert ops == {("logits", "triton"), ("topk", "radix"), ("indexer_topk", "materialised"),
-                   ("indexer_topk", "fused")}
+                   ("indexer_topk", "fused"), ("indexer_topk", "chunks")}
     for r in report["results"]:
         assert r["time_ms"] > 0 and r["roofline_ms"] > 0 and r["bytes"] > 0
         assert r["speedup_vs_reference"] is not None

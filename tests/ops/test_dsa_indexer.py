@@ -212,6 +212,64 @@ def test_topk_causal_and_padding(device):
     assert torch.equal(tri, expect)
 
 
+# The per-chunk-candidates path (`chunk=`): a chunk's top-k selected on chip, then one merge.
+TOPK_CHUNKS = [  # (q_lens, kv_lens, H, D, dtype, topk, chunk)
+    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, 64),  # 5 chunks, an empty request, short rows
+    ([1], [1000], 4, 32, "fp32", 2048, 256),  # k > length: every causal key, then -1
+    ([3], [200], 2, 16, "fp32", 5, 1024),  # one chunk: written directly, no merge
+]
+
+
+@pytest.mark.parametrize(
+    "q_lens,kv_lens,H,D,dtype,topk,chunk", TOPK_CHUNKS,
+    ids=["T{}-S{}-H{}-D{}-{}-k{}-C{}".format(sum(c[0]), max(c[1]), *c[2:]) for c in TOPK_CHUNKS],
+)
+def test_prefill_topk_chunks(q_lens, kv_lens, H, D, dtype, topk, chunk, device, topk_sets):
+    q, k, w, cu_q, cu_k = _prefill_inputs(q_lens, kv_lens, H, D, dtype, device)
+    logits = R.indexer_logits_prefill_reference(q, k, w, cu_q, cu_k)
+    ref = R.indexer_topk_prefill_reference(q, k, w, cu_q, cu_k, topk)
+    tri = _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, topk, chunk=chunk)
+    atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
+    topk_sets("prefill-topk-chunks", logits, ref, tri, atol)
+
+
+@pytest.mark.parametrize("case", [(3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, 64),
+                                  (2, 1, REAL["H"], REAL["D"], 64, [1500, 63], "bf16", False, 512, 512)],
+                         ids=["B3-N4-H5-S100-kscale-k9-C64", "B2-N1-real-S1500-k512-C512"])
+def test_decode_topk_chunks(case, device, topk_sets):
+    B, N, H, D, page, seq_lens, dtype, k_scale, topk, chunk = case
+    q, kc, w, bt, seq, ks = _decode_inputs(B, N, H, D, page, seq_lens, dtype, device, k_scale)
+    logits = R.indexer_logits_decode_reference(q, kc, w, bt, seq, ks).flatten(0, 1)
+    ref = R.indexer_topk_decode_reference(q, kc, w, bt, seq, topk, ks)
+    tri = _kernel().indexer_topk_decode_triton(q, kc, w, bt, seq, topk, ks, chunk=chunk)
+    assert tri.shape == (B, N, topk)
+    atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
+    topk_sets("decode-topk-chunks", logits, ref.flatten(0, 1), tri.flatten(0, 1), atol)
+
+
+def test_topk_chunks_ties_go_to_the_lower_index(device):
+    """All logits equal (zero head weights): every chunk is one tie, and the merge must still
+    keep the lowest key ids, exactly as the reference; a row is its causal prefix."""
+    q, k, w, cu_q, cu_k = _prefill_inputs([4], [700], 2, 16, "fp32", device)
+    w = torch.zeros_like(w)
+    ref = R.indexer_topk_prefill_reference(q, k, w, cu_q, cu_k, 150)
+    tri = _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, 150, chunk=64)
+    assert torch.equal(tri, ref)
+    assert torch.equal(tri[0], torch.arange(150, dtype=torch.int32, device=device))
+
+
+def test_topk_chunks_validate(device):
+    q, k, w, cu_q, cu_k = _prefill_inputs([2], [5], 2, 16, "fp32", device)
+    with pytest.raises(ValueError, match="chunk must be a power of two"):
+        _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, 4, chunk=96)
+    with pytest.raises(ValueError, match="choose one fused path"):
+        _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, 4, chunk=64, group=4)
+    with pytest.raises(ValueError, match="chunk=64: a Triton path option"):
+        ops.indexer_topk_prefill(q, k, w, cu_q, cu_k, 4, impl="reference", chunk=64)
+    assert torch.equal(ops.indexer_topk_prefill(q, k, w, cu_q, cu_k, 4, impl="triton", chunk=64),
+                       ops.indexer_topk_prefill(q, k, w, cu_q, cu_k, 4, impl="reference"))
+
+
 def test_choose_group():
     choose = _kernel().choose_group
     assert choose(4096, 2048) == 0  # short context: materialise

@@ -70,27 +70,37 @@ def indexer_logits_decode(q, k_cache, weights, block_table, seq_lens, k_scale=No
                                                 k_scale, max_seq_len)
 
 
+def _no_chunk(chunk) -> None:
+    if chunk is not None:
+        raise ValueError(f"chunk={chunk}: a Triton path option; the reference has no chunks")
+
+
 def indexer_topk_prefill(q, k, weights, cu_seqlens_q, cu_seqlens_k, topk: int, k_scale=None, *,
-                         impl: str = "auto", group: int | None = None) -> torch.Tensor:
+                         impl: str = "auto", group: int | None = None,
+                         chunk: int | None = None) -> torch.Tensor:
     """`[T, topk]` int32 request-local key indices (ascending, `-1` padded) of the prefill logits.
 
     `group` (Triton only): None = choose by context length, 0 = materialise the logits,
-    G > 0 = fused path with G keys per group.
+    G > 0 = fused path with G keys per group. `chunk` (Triton only; refused by the reference):
+    the per-chunk-candidates path with `chunk` keys per program.
     """
     if resolve_impl(impl, q.device) == "triton":
         return _kernel().indexer_topk_prefill_triton(q, k, weights, cu_seqlens_q, cu_seqlens_k,
-                                                     topk, k_scale, group=group)
+                                                     topk, k_scale, group=group, chunk=chunk)
+    _no_chunk(chunk)
     return _ref.indexer_topk_prefill_reference(q, k, weights, cu_seqlens_q, cu_seqlens_k, topk,
                                                k_scale)
 
 
 def indexer_topk_decode(q, k_cache, weights, block_table, seq_lens, topk: int, k_scale=None, *,
-                        impl: str = "auto", group: int | None = None) -> torch.Tensor:
+                        impl: str = "auto", group: int | None = None,
+                        chunk: int | None = None) -> torch.Tensor:
     """`[B, N, topk]` int32 request-local key indices of the paged decode logits (see
-    `indexer_topk_prefill` for `group`)."""
+    `indexer_topk_prefill` for `group` and `chunk`)."""
     if resolve_impl(impl, q.device) == "triton":
         return _kernel().indexer_topk_decode_triton(q, k_cache, weights, block_table, seq_lens,
-                                                    topk, k_scale, group=group)
+                                                    topk, k_scale, group=group, chunk=chunk)
+    _no_chunk(chunk)
     return _ref.indexer_topk_decode_reference(q, k_cache, weights, block_table, seq_lens, topk,
                                               k_scale)
 

@@ -15,6 +15,11 @@ So: (1) the logits kernel writes only group maxima `[T, S/G]`; (2) radix top-k p
 Extra work is k*G recomputed keys per row, so it pays off once `S >> k*G` (see `choose_group`).
 Passes (1) and (3) may round the same logit differently (different MMA tile shapes), so keys
 within rounding of the k-th score can differ from the materialised path; tests compare sets.
+
+A third path (`chunk=`, `_indexer_chunk_topk_kernel`) keeps per-chunk candidates instead: one
+program per (query row, chunk) selects its chunk's top-k from logits it has just computed (the
+first radix histogram built as they are made), then one merge launch selects k of the chunks'
+candidates. Opt-in until a GPU has timed it against the other two.
 """
 
 import math
@@ -27,7 +32,9 @@ from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_
 
 if interpreter_mode():
     interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
-from vllm_specx.ops.topk.kernel import topk_triton
+from vllm_specx.ops.topk.kernel import (
+    HIST_BINS, NOT_A_KEY, RADIX_BITS, _float_key, _load, _radix_step, _topk_kernel, topk_triton,
+)
 
 _FP8 = torch.float8_e4m3fn  # vLLM's indexer K cache (and q) dtype, with ue8m0 scales
 _QK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, _FP8)
@@ -211,6 +218,114 @@ def _indexer_gather_kernel(
     c += row.to(tl.int64) * (n_groups * GROUP)
     tl.store(cand_score_ptr + c, tl.where(s_ok, scores, float("-inf")), mask=c_ok)
     tl.store(cand_key_ptr + c, tl.where(s_ok, s, -1), mask=c_ok)
+
+
+@triton.jit
+def _indexer_chunk_topk_kernel(
+    q_ptr,  # [T, H, D]
+    w_ptr,  # [T, H] fp32
+    k_ptr,  # flat [S_total, D] | paged [num_pages, PAGE, D]
+    ks_ptr,  # flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
+    row_req_ptr,  # [T] int32 request of each query row
+    row_pos_ptr,  # [T] int32 causal position of each query row
+    k_start_ptr,  # [B+1] int32 (flat only)
+    bt_ptr,  # [B, max_pages] int32 (PAGED only)
+    stride_bt,
+    scratch_ptr,  # [T, n_chunks, CHUNK] int32: the chunk's keys, re-read by this program only
+    out_ptr,  # [T, n_chunks, k] int32 columns, ascending, -1 padded
+    key_out_ptr,  # [T, n_chunks, k] int32 keys of the written columns (WRITE_KEYS)
+    k,
+    H,
+    D,
+    PAGED: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_K_SCALE: tl.constexpr,
+    CHUNK: tl.constexpr,  # keys per program (a multiple of BLOCK_S and RBLOCK)
+    BLOCK_S: tl.constexpr,  # keys per logits tile
+    RBLOCK: tl.constexpr,  # keys per vector step of the refining passes and the emission
+    WRITE_KEYS: tl.constexpr,
+    BITS: tl.constexpr,
+    KBLOCK: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    K_FP8: tl.constexpr,
+    K_TO_BF16: tl.constexpr,
+):
+    """One query row x one chunk of CHUNK keys: its logits, their top-k, written as candidates.
+
+    The logits of each BLOCK_S-key tile become order-preserving keys (`topk.kernel._float_key`)
+    that feed the first 11-bit histogram as they are made, so the first radix pass costs no read;
+    they are also stored in the program's own scratch slice, which the same program reads back
+    right away for the refining passes and the emission (an L2-sized working set, not a `[T, S]`
+    logits round trip through memory). The selection is `topk.kernel._topk_kernel`'s."""
+    row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    n_chunks = tl.num_programs(1)
+    b = tl.load(row_req_ptr + row)
+    pos = tl.load(row_pos_ptr + row)
+    lo = c * CHUNK
+    hi = tl.maximum(tl.minimum(lo + CHUNK, pos + 1), lo)  # causal: keys 0..pos; may be empty
+    key_row = scratch_ptr + (row * n_chunks + c) * CHUNK - lo  # key_row + s: key s of the chunk
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    q = _as_fp8(tl.load(q_ptr + (row * H + h[:, None]) * D + d[None, :],
+                        mask=(h < H)[:, None] & (d < D)[None, :], other=0), Q_FP8)
+    w = tl.load(w_ptr + row * H + h, mask=h < H, other=0.0)
+    SHIFT0: tl.constexpr = 32 - BITS
+    acc = tl.zeros((HIST_BINS,), tl.int32)
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_ok = s < hi
+        k_tile, k_scale = _load_k_tile(
+            k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+            s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
+        )
+        qk = _dot(q, tl.trans(k_tile), PRECISION, UPCAST)  # [H_PAD, BLOCK_S]
+        scores = tl.sum(tl.maximum(qk, 0.0) * w[:, None], axis=0) * k_scale
+        ok = s_ok & (scores > float("-inf"))  # NaN and -inf are never chosen (the contract)
+        key = tl.where(ok, _float_key(scores), NOT_A_KEY)
+        tl.store(key_row + s, key.to(tl.int32, bitcast=True), mask=s_ok)
+        acc += tl.histogram((key >> SHIFT0).to(tl.int32), HIST_BINS, mask=ok)
+    # The first pass's digit from the histogram built above (`_digit_pass`, FIRST), then the
+    # remaining passes over the stored keys while the threshold bin must still be split.
+    bins = tl.arange(0, HIST_BINS)
+    total = tl.sum(acc)
+    k_rem = tl.minimum(total, k)
+    ge = total - tl.cumsum(acc, 0) + acc
+    digit = tl.sum((ge >= k_rem).to(tl.int32)) - 1
+    n_above = tl.sum(tl.where(bins == digit, ge - acc, 0))
+    in_bin = tl.sum(tl.where(bins == digit, acc, 0))
+    prefix = digit.to(tl.uint32)
+    k_rem = k_rem - n_above
+    lo_key = prefix << SHIFT0
+    hi_key = lo_key | ((1 << SHIFT0) - 1)
+    active = in_bin != k_rem
+    for p in tl.static_range(1, 4):
+        prefix, k_rem, lo_key, hi_key, active = _radix_step(
+            key_row, key_row, key_row, lo, hi, prefix, k_rem, lo_key, hi_key, active, p, BITS, 2, RBLOCK)
+    # Emission, as `_topk_kernel`'s: every key above the bin, the bin's first k_rem in key order.
+    out_row = out_ptr + (row * n_chunks + c) * k
+    key_out_row = key_out_ptr + (row * n_chunks + c) * k
+    n_gt = tl.full((), 0, tl.int32)
+    n_eq = tl.full((), 0, tl.int32)
+    for start in range(lo, hi, RBLOCK):
+        key, ok, col = _load(key_row, key_row, key_row, start + tl.arange(0, RBLOCK), hi, 2)
+        gt = (ok & (key > hi_key)).to(tl.int32)
+        eq = (ok & (key >= lo_key) & (key <= hi_key)).to(tl.int32)
+        eq_before = n_eq + tl.cumsum(eq, 0) - eq
+        take = (gt > 0) | ((eq > 0) & (eq_before < k_rem))
+        slot = n_gt + tl.cumsum(gt, 0) - gt + tl.minimum(eq_before, k_rem)
+        tl.store(out_row + slot, col, mask=take)
+        if WRITE_KEYS:
+            tl.store(key_out_row + slot, key.to(tl.int32, bitcast=True), mask=take)
+        n_gt += tl.sum(gt)
+        n_eq += tl.sum(eq)
+    taken = n_gt + tl.minimum(n_eq, k_rem)
+    for s1 in range(0, k, KBLOCK):
+        slots = s1 + tl.arange(0, KBLOCK)
+        tl.store(out_row + slots, tl.full((KBLOCK,), -1, tl.int32), mask=(slots >= taken) & (slots < k))
 
 
 # --------------------------------------------------------------------------- launchers
@@ -401,25 +516,76 @@ def _fused_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, 
     return torch.where(best >= 0, cand_key.gather(1, best.clamp(min=0).long()), -1)
 
 
+def _chunk_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, width, page, chunk,
+                block_s=None):
+    """Per-chunk candidates, then one merge: q `[T, H, D]` -> `[T, topk]` (`chunk` keys per
+    program, `_indexer_chunk_topk_kernel`). One launch when a row is one chunk; else the merge is
+    `topk.kernel._topk_kernel` over the chunks' `n_chunks * topk` candidates (keys and columns),
+    as the split top-k merges its chunks. No host synchronisation."""
+    num_rows, num_heads, head_dim = q.shape
+    block_s = block_s or 64
+    if chunk < block_s or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= block_s ({block_s}), got {chunk}")
+    dev = q.device
+    out = torch.empty(num_rows, topk, dtype=torch.int32, device=dev)
+    if num_rows == 0 or topk == 0:
+        return out.fill_(-1)
+    n_chunks = max(1, triton.cdiv(width, chunk))
+    req, pos = _row_meta(cu_q, kv_lens, num_rows)
+    scratch = torch.empty(num_rows, n_chunks, chunk, dtype=torch.int32, device=dev)
+    direct = n_chunks == 1
+    cand = out if direct else torch.empty(num_rows, n_chunks, topk, dtype=torch.int32, device=dev)
+    cand_key = out if direct else torch.empty_like(cand)
+    paged = block_table is not None
+    h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
+    kblock = min(1024, next_pow2(topk))
+    _indexer_chunk_topk_kernel[(num_rows, n_chunks)](
+        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, req, pos,
+        kv_lens if paged else k_start, block_table if paged else kv_lens,
+        block_table.stride(0) if paged else 0, scratch, cand, cand_key, topk, num_heads, head_dim,
+        PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, CHUNK=chunk, BLOCK_S=block_s,
+        RBLOCK=min(chunk, 1024), WRITE_KEYS=not direct, BITS=RADIX_BITS, KBLOCK=kblock,
+        H_PAD=h_pad, D_PAD=d_pad, **_dot_flags(q.dtype, k.dtype),
+    )
+    if not direct:
+        n_in = n_chunks * topk
+        _topk_kernel[(num_rows, 1)](
+            out, out, cand_key, cand, out, out, 0, 0, n_in, n_in, topk,
+            HAS_LEN=False, FROM_CANDS=True, WRITE_KEYS=False, BITS=RADIX_BITS, BLOCK=1024,
+            KBLOCK=kblock, num_warps=8,
+        )
+    return out
+
+
 def _unfused_topk(logits, topk, pos):
     """Materialised logits `[T, S]` -> `[T, topk]`; only the causal prefix `pos + 1` is scanned."""
     return topk_triton(logits, topk, lengths=(pos + 1).int())
 
 
+def _check_path(group, chunk):
+    if chunk is not None and group:
+        raise ValueError(f"group={group} and chunk={chunk}: choose one fused path")
+
+
 def indexer_topk_prefill_triton(
     q, k, weights, cu_seqlens_q, cu_seqlens_k, topk, k_scale=None, *, group=None,
-    max_q_len=None, max_kv_len=None, block_s=None,
+    max_q_len=None, max_kv_len=None, block_s=None, chunk=None,
 ):
     """Triton twin of `indexer_topk_prefill_reference`: `[T, topk]` int32, `-1` padded.
 
     `group`: None picks with `choose_group`; 0 forces the materialised path; G > 0 forces the
-    fused path with G keys per group (a power of two).
+    fused path with G keys per group (a power of two). `chunk` (a power of two) forces the
+    per-chunk-candidates path (`_chunk_topk`); it is not chosen by default until a GPU has timed it.
     """
     _check_qkw(q, k, weights, k_scale, q_ndim=3, k_ndim=2)
     _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
+    _check_path(group, chunk)
     q_lens, kv_lens = cu_seqlens_q.diff(), cu_seqlens_k.diff().int()
     max_q_len = int(q_lens.max()) if max_q_len is None and q_lens.numel() else (max_q_len or 0)
     width = int(kv_lens.max()) if max_kv_len is None and kv_lens.numel() else (max_kv_len or 0)
+    if chunk is not None:
+        return _chunk_topk(q, weights, k, k_scale, cu_seqlens_q, cu_seqlens_k, kv_lens, None, topk,
+                           width=width, page=1, chunk=chunk, block_s=block_s)
     group = choose_group(width, topk) if group is None else group
     if group:
         return _fused_topk(q, weights, k, k_scale, cu_seqlens_q, cu_seqlens_k, kv_lens, None,
@@ -432,15 +598,22 @@ def indexer_topk_prefill_triton(
 
 def indexer_topk_decode_triton(
     q, k_cache, weights, block_table, seq_lens, topk, k_scale=None, *, group=None,
-    max_seq_len=None, block_s=None,
+    max_seq_len=None, block_s=None, chunk=None,
 ):
-    """Triton twin of `indexer_topk_decode_reference`: `[B, N, topk]` int32, `-1` padded."""
+    """Triton twin of `indexer_topk_decode_reference`: `[B, N, topk]` int32, `-1` padded
+    (`group`, `chunk`: as `indexer_topk_prefill_triton`'s)."""
     _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
     _check_paged(q, k_cache, block_table, seq_lens)
+    _check_path(group, chunk)
     num_reqs, n = q.shape[:2]
     width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
-    group = choose_group(width, topk) if group is None else group
     cu_q = _decode_offsets(q)
+    if chunk is not None:
+        out = _chunk_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, cu_q, None,
+                          seq_lens, block_table, topk, width=width, page=k_cache.shape[1],
+                          chunk=chunk, block_s=block_s)
+        return out.view(num_reqs, n, topk)
+    group = choose_group(width, topk) if group is None else group
     if group:
         out = _fused_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, cu_q, None,
                           seq_lens, block_table, topk, max_q_len=n, width=width,

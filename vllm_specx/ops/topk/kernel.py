@@ -45,12 +45,20 @@ def _float_key(x):
     return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # not ~bits: Triton 3.6's interpreter overflows it
 
 
+NOT_A_KEY: tl.constexpr = tl.constexpr(0)  # a stored key below key(-inf) = 0x007FFFFF: no candidate
+NEG_INF_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)
+
+
 @triton.jit
 def _load(x_row, key_row, col_row, pos, hi, FROM_CANDS: tl.constexpr):
     """(key, is a candidate, column) at positions `pos` (< hi) of a program's range: scores of a
-    row (candidates: `x > -inf`, so NaN and -inf never count), or a first launch's candidates
-    (key and column; `column < 0` marks a padding slot)."""
+    row (candidates: `x > -inf`, so NaN and -inf never count), a first launch's candidates
+    (key and column; `column < 0` marks a padding slot), or (FROM_CANDS == 2) keys a program
+    stored for its own columns (`key_row + pos`, column `pos`; `NOT_A_KEY` marks no candidate)."""
     inside = pos < hi
+    if FROM_CANDS == 2:
+        key = tl.load(key_row + pos, mask=inside, other=0).to(tl.uint32, bitcast=True)
+        return key, inside & (key > NEG_INF_KEY), pos
     if FROM_CANDS:
         col = tl.load(col_row + pos, mask=inside, other=-1)
         key = tl.load(key_row + pos, mask=inside, other=0).to(tl.uint32, bitcast=True)
