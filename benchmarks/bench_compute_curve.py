@@ -239,7 +239,8 @@ def main() -> None:
         provider, _, dest = spec.partition("=")
         if provider not in args.providers or not dest:
             raise SystemExit(f"--export {spec}: give PROVIDER=DIR with PROVIDER one of {args.providers}")
-        export(args.runs / run_name(provider, max(args.budgets), args.batch), Path(dest), args)
+        export(args.runs / run_name(provider, max(args.budgets), args.batch), Path(dest), args,
+               curve="benchmarks/bench_compute_curve.py")
 
 
 if __name__ == "__main__":

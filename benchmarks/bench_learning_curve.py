@@ -216,7 +216,7 @@ def _has_tensor(path: Path, name: str) -> bool:
     return name in read_header(path)
 
 
-def export(run: Path, dest: Path, args) -> None:
+def export(run: Path, dest: Path, args, curve: str = "benchmarks/bench_learning_curve.py") -> None:
     """`run` (a finished training run) as a committed draft in `dest`: tensors cast to bfloat16
     (floating ones; maps stay integer), config.json's torch_dtype said so, training.json with
     the portable command and paths (`~/.cache/...`, `--save-dtype bfloat16`) that re-train it."""
@@ -253,8 +253,8 @@ def export(run: Path, dest: Path, args) -> None:
 
     rec["command"] = "vllm-specx train " + command_flags(argparse.Namespace(**rec["args"]))
     rec["exported"] = {"from": str(run).replace(home, "~"), "tensors": "bfloat16",
-                       "reproduce": f"vllm-specx train --config {dest}/training.json, or the learning "
-                                    f"curve's command (benchmarks/bench_learning_curve.py)"}
+                       "reproduce": f"vllm-specx train --config {dest}/training.json, or the "
+                                    f"curve's command ({curve})"}
     (dest / "training.json").write_text(json.dumps(rec, indent=1) + "\n")
     size = sum(f.stat().st_size for f in dest.iterdir()) / 2**20
     print(f"exported {run.name} -> {dest} ({size:.1f} MB)")

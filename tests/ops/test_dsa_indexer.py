@@ -154,48 +154,58 @@ def test_fp8_k_cache_is_read_as_fp8(q_fp8, device, topk_sets):
 # --------------------------------------------------------------------------- top-k
 
 
-TOPK_PREFILL = [  # (q_lens, kv_lens, H, D, dtype, topk, group)
-    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, 0),  # materialised logits
-    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, 4),  # fused, groups of 4
-    ([63], [1000], 4, 32, "bf16", 17, 8),  # fused, prunes 125 groups down to 17
-    ([1], [1000], 4, 32, "fp32", 2048, 8),  # k > length: every causal key, then -1
-    ([2], [3000], REAL["H"], REAL["D"], "bf16", REAL["topk"], 4),  # real config, fused
+TOPK_PREFILL = [  # (q_lens, kv_lens, H, D, dtype, topk, path): group=0 materialises the logits,
+    # group=G fuses through group maxima, chunk=C keeps per-chunk candidates on chip, then merges
+    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, dict(group=0)),
+    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, dict(group=4)),
+    ([63], [1000], 4, 32, "bf16", 17, dict(group=8)),  # prunes 125 groups down to 17
+    ([1], [1000], 4, 32, "fp32", 2048, dict(group=8)),  # k > length: every causal key, then -1
+    ([2], [3000], REAL["H"], REAL["D"], "bf16", REAL["topk"], dict(group=4)),  # real config
+    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, dict(chunk=64)),  # 5 chunks, an empty request
+    ([1], [1000], 4, 32, "fp32", 2048, dict(chunk=256)),  # k > length, across 4 chunks
+    ([3], [200], 2, 16, "fp32", 5, dict(chunk=1024)),  # one chunk: written directly, no merge
 ]
 
 
+def _path_id(path: dict) -> str:
+    return "-".join(f"{'G' if k == 'group' else 'C'}{v}" for k, v in path.items())
+
+
 @pytest.mark.parametrize(
-    "q_lens,kv_lens,H,D,dtype,topk,group",
+    "q_lens,kv_lens,H,D,dtype,topk,path",
     TOPK_PREFILL,
-    ids=["T{}-S{}-H{}-D{}-{}-k{}-G{}".format(sum(c[0]), max(c[1]), *c[2:]) for c in TOPK_PREFILL],
+    ids=["T{}-S{}-H{}-D{}-{}-k{}-".format(sum(c[0]), max(c[1]), *c[2:6]) + _path_id(c[6]) for c in TOPK_PREFILL],
 )
-def test_prefill_topk(q_lens, kv_lens, H, D, dtype, topk, group, device, topk_sets):
+def test_prefill_topk(q_lens, kv_lens, H, D, dtype, topk, path, device, topk_sets):
     q, k, w, cu_q, cu_k = _prefill_inputs(q_lens, kv_lens, H, D, dtype, device)
     logits = R.indexer_logits_prefill_reference(q, k, w, cu_q, cu_k)
     ref = R.indexer_topk_prefill_reference(q, k, w, cu_q, cu_k, topk)
-    tri = _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, topk, group=group)
+    tri = _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, topk, **path)
     atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
     topk_sets("prefill-topk", logits, ref, tri, atol)
 
 
-TOPK_DECODE = [  # (B, N, H, D, page, seq_lens, dtype, k_scale, topk, group)
-    (1, 1, 1, 16, 16, [1], "fp32", False, 4, 0),  # one key, k > length
-    (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, 0),
-    (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, 4),
-    (2, 2, REAL["H"], REAL["D"], 64, [3000, 63], "bf16", False, REAL["topk"], 4),
+TOPK_DECODE = [  # (B, N, H, D, page, seq_lens, dtype, k_scale, topk, path)
+    (1, 1, 1, 16, 16, [1], "fp32", False, 4, dict(group=0)),  # one key, k > length
+    (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, dict(group=0)),
+    (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, dict(group=4)),
+    (2, 2, REAL["H"], REAL["D"], 64, [3000, 63], "bf16", False, REAL["topk"], dict(group=4)),
+    (3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, dict(chunk=64)),
+    (2, 1, REAL["H"], REAL["D"], 64, [1500, 63], "bf16", False, 512, dict(chunk=512)),
 ]
 
 
 @pytest.mark.parametrize(
-    "B,N,H,D,page,seq_lens,dtype,k_scale,topk,group",
+    "B,N,H,D,page,seq_lens,dtype,k_scale,topk,path",
     TOPK_DECODE,
-    ids=["B{}-N{}-H{}-D{}-P{}-S{}-{}-kscale{}-k{}-G{}".format(*c[:5], max(c[5]), *c[6:])
+    ids=["B{}-N{}-H{}-D{}-P{}-S{}-{}-kscale{}-k{}-".format(*c[:5], max(c[5]), *c[6:9]) + _path_id(c[9])
          for c in TOPK_DECODE],
 )
-def test_decode_topk(B, N, H, D, page, seq_lens, dtype, k_scale, topk, group, device, topk_sets):
+def test_decode_topk(B, N, H, D, page, seq_lens, dtype, k_scale, topk, path, device, topk_sets):
     q, kc, w, bt, seq, ks = _decode_inputs(B, N, H, D, page, seq_lens, dtype, device, k_scale)
     logits = R.indexer_logits_decode_reference(q, kc, w, bt, seq, ks).flatten(0, 1)
     ref = R.indexer_topk_decode_reference(q, kc, w, bt, seq, topk, ks)
-    tri = _kernel().indexer_topk_decode_triton(q, kc, w, bt, seq, topk, ks, group=group)
+    tri = _kernel().indexer_topk_decode_triton(q, kc, w, bt, seq, topk, ks, **path)
     assert tri.shape == (B, N, topk)
     atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
     topk_sets("decode-topk", logits, ref.flatten(0, 1), tri.flatten(0, 1), atol)
@@ -210,41 +220,6 @@ def test_topk_causal_and_padding(device):
     expect = torch.tensor([[0, 1, 2, -1, -1, -1], [0, 1, 2, 3, -1, -1], [0, 1, 2, 3, 4, -1]],
                           dtype=torch.int32, device=device)
     assert torch.equal(tri, expect)
-
-
-# The per-chunk-candidates path (`chunk=`): a chunk's top-k selected on chip, then one merge.
-TOPK_CHUNKS = [  # (q_lens, kv_lens, H, D, dtype, topk, chunk)
-    ([5, 0, 3], [7, 4, 300], 3, 20, "fp32", 17, 64),  # 5 chunks, an empty request, short rows
-    ([1], [1000], 4, 32, "fp32", 2048, 256),  # k > length: every causal key, then -1
-    ([3], [200], 2, 16, "fp32", 5, 1024),  # one chunk: written directly, no merge
-]
-
-
-@pytest.mark.parametrize(
-    "q_lens,kv_lens,H,D,dtype,topk,chunk", TOPK_CHUNKS,
-    ids=["T{}-S{}-H{}-D{}-{}-k{}-C{}".format(sum(c[0]), max(c[1]), *c[2:]) for c in TOPK_CHUNKS],
-)
-def test_prefill_topk_chunks(q_lens, kv_lens, H, D, dtype, topk, chunk, device, topk_sets):
-    q, k, w, cu_q, cu_k = _prefill_inputs(q_lens, kv_lens, H, D, dtype, device)
-    logits = R.indexer_logits_prefill_reference(q, k, w, cu_q, cu_k)
-    ref = R.indexer_topk_prefill_reference(q, k, w, cu_q, cu_k, topk)
-    tri = _kernel().indexer_topk_prefill_triton(q, k, w, cu_q, cu_k, topk, chunk=chunk)
-    atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
-    topk_sets("prefill-topk-chunks", logits, ref, tri, atol)
-
-
-@pytest.mark.parametrize("case", [(3, 4, 5, 24, 16, [4, 37, 100], "fp32", True, 9, 64),
-                                  (2, 1, REAL["H"], REAL["D"], 64, [1500, 63], "bf16", False, 512, 512)],
-                         ids=["B3-N4-H5-S100-kscale-k9-C64", "B2-N1-real-S1500-k512-C512"])
-def test_decode_topk_chunks(case, device, topk_sets):
-    B, N, H, D, page, seq_lens, dtype, k_scale, topk, chunk = case
-    q, kc, w, bt, seq, ks = _decode_inputs(B, N, H, D, page, seq_lens, dtype, device, k_scale)
-    logits = R.indexer_logits_decode_reference(q, kc, w, bt, seq, ks).flatten(0, 1)
-    ref = R.indexer_topk_decode_reference(q, kc, w, bt, seq, topk, ks)
-    tri = _kernel().indexer_topk_decode_triton(q, kc, w, bt, seq, topk, ks, chunk=chunk)
-    assert tri.shape == (B, N, topk)
-    atol = REL_TOL[dtype] * max(1.0, logits[torch.isfinite(logits)].abs().max().item())
-    topk_sets("decode-topk-chunks", logits, ref.flatten(0, 1), tri.flatten(0, 1), atol)
 
 
 def test_topk_chunks_ties_go_to_the_lower_index(device):

@@ -33,7 +33,7 @@ from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_
 if interpreter_mode():
     interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 from vllm_specx.ops.topk.kernel import (
-    HIST_BINS, NOT_A_KEY, RADIX_BITS, _float_key, _load, _radix_step, _topk_kernel, topk_triton,
+    HIST_BINS, NOT_A_KEY, RADIX_BITS, _emit, _float_key, _pick_digit, _radix_step, _topk_kernel, topk_triton,
 )
 
 _FP8 = torch.float8_e4m3fn  # vLLM's indexer K cache (and q) dtype, with ue8m0 scales
@@ -288,44 +288,17 @@ def _indexer_chunk_topk_kernel(
         key = tl.where(ok, _float_key(scores), NOT_A_KEY)
         tl.store(key_row + s, key.to(tl.int32, bitcast=True), mask=s_ok)
         acc += tl.histogram((key >> SHIFT0).to(tl.int32), HIST_BINS, mask=ok)
-    # The first pass's digit from the histogram built above (`_digit_pass`, FIRST), then the
-    # remaining passes over the stored keys while the threshold bin must still be split.
-    bins = tl.arange(0, HIST_BINS)
-    total = tl.sum(acc)
-    k_rem = tl.minimum(total, k)
-    ge = total - tl.cumsum(acc, 0) + acc
-    digit = tl.sum((ge >= k_rem).to(tl.int32)) - 1
-    n_above = tl.sum(tl.where(bins == digit, ge - acc, 0))
-    in_bin = tl.sum(tl.where(bins == digit, acc, 0))
-    prefix = digit.to(tl.uint32)
-    k_rem = k_rem - n_above
+    # The first pass's digit from the histogram built above, then the remaining passes over
+    # the stored keys while the threshold bin must still be split; then the emission.
+    prefix, k_rem, in_bin = _pick_digit(acc, tl.full((), 0, tl.uint32), k, BITS, True)
     lo_key = prefix << SHIFT0
     hi_key = lo_key | ((1 << SHIFT0) - 1)
     active = in_bin != k_rem
     for p in tl.static_range(1, 4):
         prefix, k_rem, lo_key, hi_key, active = _radix_step(
             key_row, key_row, key_row, lo, hi, prefix, k_rem, lo_key, hi_key, active, p, BITS, 2, RBLOCK)
-    # Emission, as `_topk_kernel`'s: every key above the bin, the bin's first k_rem in key order.
-    out_row = out_ptr + (row * n_chunks + c) * k
-    key_out_row = key_out_ptr + (row * n_chunks + c) * k
-    n_gt = tl.full((), 0, tl.int32)
-    n_eq = tl.full((), 0, tl.int32)
-    for start in range(lo, hi, RBLOCK):
-        key, ok, col = _load(key_row, key_row, key_row, start + tl.arange(0, RBLOCK), hi, 2)
-        gt = (ok & (key > hi_key)).to(tl.int32)
-        eq = (ok & (key >= lo_key) & (key <= hi_key)).to(tl.int32)
-        eq_before = n_eq + tl.cumsum(eq, 0) - eq
-        take = (gt > 0) | ((eq > 0) & (eq_before < k_rem))
-        slot = n_gt + tl.cumsum(gt, 0) - gt + tl.minimum(eq_before, k_rem)
-        tl.store(out_row + slot, col, mask=take)
-        if WRITE_KEYS:
-            tl.store(key_out_row + slot, key.to(tl.int32, bitcast=True), mask=take)
-        n_gt += tl.sum(gt)
-        n_eq += tl.sum(eq)
-    taken = n_gt + tl.minimum(n_eq, k_rem)
-    for s1 in range(0, k, KBLOCK):
-        slots = s1 + tl.arange(0, KBLOCK)
-        tl.store(out_row + slots, tl.full((KBLOCK,), -1, tl.int32), mask=(slots >= taken) & (slots < k))
+    _emit(key_row, key_row, key_row, lo, hi, lo_key, hi_key, k_rem, out_ptr + (row * n_chunks + c) * k,
+          key_out_ptr + (row * n_chunks + c) * k, k, 2, WRITE_KEYS, RBLOCK, KBLOCK)
 
 
 # --------------------------------------------------------------------------- launchers

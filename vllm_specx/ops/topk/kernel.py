@@ -82,6 +82,13 @@ def _digit_pass(x_row, key_row, col_row, lo, hi, prefix, k_rem,
             ok &= (key >> (SHIFT + WIDTH)) == prefix
         digit = ((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32)
         acc += tl.histogram(digit, HIST_BINS, mask=ok)
+    return _pick_digit(acc, prefix, k_rem, WIDTH, FIRST)
+
+
+@triton.jit
+def _pick_digit(acc, prefix, k_rem, WIDTH: tl.constexpr, FIRST: tl.constexpr):
+    """From one pass's histogram `acc`: the digit of the bin that holds the `k_rem`-th largest
+    key; (prefix extended by it, keys still to take inside the bin, keys in the bin)."""
     bins = tl.arange(0, HIST_BINS)
     total = tl.sum(acc)
     if FIRST:
@@ -153,6 +160,15 @@ def _topk_kernel(
             x_row, key_row, col_row, lo, hi, prefix, k_rem, lo_key, hi_key, active, p, BITS, FROM_CANDS, BLOCK)
     out_row = out_ptr + (row * tl.num_programs(1) + split) * k
     key_out_row = key_out_ptr + (row * tl.num_programs(1) + split) * k
+    _emit(x_row, key_row, col_row, lo, hi, lo_key, hi_key, k_rem, out_row, key_out_row, k,
+          FROM_CANDS, WRITE_KEYS, BLOCK, KBLOCK)
+
+
+@triton.jit
+def _emit(x_row, key_row, col_row, lo, hi, lo_key, hi_key, k_rem, out_row, key_out_row, k,
+          FROM_CANDS: tl.constexpr, WRITE_KEYS: tl.constexpr, BLOCK: tl.constexpr, KBLOCK: tl.constexpr):
+    """Write the selection in column order: every candidate with key > hi_key and the first
+    k_rem with lo_key <= key <= hi_key; then -1 in the slots left of k."""
     n_gt = tl.full((), 0, tl.int32)
     n_eq = tl.full((), 0, tl.int32)
     for start in range(lo, hi, BLOCK):
