@@ -47,7 +47,10 @@ RUNS = CACHE / "runs/dspark-vs-speculators"
 RESULTS = REPO / "benchmarks/results/dspark-vs-speculators-smollm2"
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_compute_curve import served_eval  # noqa: E402
-BASELINE = REPO / "assets/drafts/smollm2-dspark"
+# The comparison's reference: the record of the 2,400-draw DSpark baseline that was
+# assets/drafts/smollm2-dspark until 2026-12-05 (its weights: that commit's tree); its arguments
+# are the base of our runs here (`train --config`), so a re-run trains what the table reports.
+BASELINE = RESULTS / "baseline"
 BASELINE_EVAL = CACHE / "runs/compute-curve-cpu/committed-dspark-baseline-smollm2-dspark/training.json"
 OUR_VAL = 32  # our trainer's first 32 samples (data order) validate: never trained on here
 N_VAL = 48    # speculators' validation split (its trainer needs one)

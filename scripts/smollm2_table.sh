@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct x HumanEval table (issue 27 item 5, issue 29): no-spec, vLLM's n-gram
 # and suffix decoding (skipped, saying so, without arctic-inference), vLLM's EAGLE-3 and our
-# DSpark and MTP with the committed SmolLM2 drafts (assets/drafts/smollm2-{eagle3,dspark,mtp},
-# trained on 7,040 chat-mix answers: benchmarks/bench_learning_curve.py --export), each of ours
+# DSpark and MTP with the committed SmolLM2 drafts (assets/drafts/smollm2-{eagle3,dspark,mtp}: the
+# compute curve's 35,200 sample-draws, benchmarks/bench_compute_curve.py --export), each of ours
 # also with `adaptive: true`; batch 1 and 16, T = 0, K = 7; greedy output checked against no-spec.
 # Batch b runs 4 x b HumanEval prompts (4 at batch 1, 64 at batch 16), 128 tokens, stop at EOS.
 #
