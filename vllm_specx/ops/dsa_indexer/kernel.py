@@ -33,7 +33,7 @@ from vllm_specx.ops._triton_utils import check_shape, check_tensor, interpreter_
 if interpreter_mode():
     interpreter_compat()  # Triton 3.6's interpreter with numpy >= 2.4
 from vllm_specx.ops.topk.kernel import (
-    HIST_BINS, NOT_A_KEY, RADIX_BITS, _emit, _float_key, _pick_digit, _radix_step, _topk_kernel, topk_triton,
+    HIST_BINS, NOT_A_KEY, RADIX_BITS, _emit, _float_key, _pick_digit, _radix_step, merge_candidates, topk_triton,
 )
 
 _FP8 = torch.float8_e4m3fn  # vLLM's indexer K cache (and q) dtype, with ue8m0 scales
@@ -520,14 +520,7 @@ def _chunk_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, 
         RBLOCK=min(chunk, 1024), WRITE_KEYS=not direct, BITS=RADIX_BITS, KBLOCK=kblock,
         H_PAD=h_pad, D_PAD=d_pad, **_dot_flags(q.dtype, k.dtype),
     )
-    if not direct:
-        n_in = n_chunks * topk
-        _topk_kernel[(num_rows, 1)](
-            out, out, cand_key, cand, out, out, 0, 0, n_in, n_in, topk,
-            HAS_LEN=False, FROM_CANDS=True, WRITE_KEYS=False, BITS=RADIX_BITS, BLOCK=1024,
-            KBLOCK=kblock, num_warps=8,
-        )
-    return out
+    return out if direct else merge_candidates(cand_key, cand, out, kblock=kblock)
 
 
 def _unfused_topk(logits, topk, pos):

@@ -282,9 +282,18 @@ def topk_triton(
         0, k, HAS_LEN=has_len, FROM_CANDS=False, WRITE_KEYS=True, BITS=radix_bits, BLOCK=block,
         KBLOCK=kblock, num_warps=num_warps,
     )
-    n_in = splits * k
+    return merge_candidates(cand_key, cand_col, out, radix_bits=radix_bits, kblock=kblock, num_warps=num_warps)
+
+
+def merge_candidates(cand_key, cand_col, out, *, radix_bits=RADIX_BITS, kblock=1024, num_warps=8):
+    """The k best of each row's candidates into `out [R, k]` (one launch): `cand_key`/`cand_col`
+    `[R, chunks, k]` int32 as a first launch wrote them (`WRITE_KEYS`; column -1 = empty), in
+    ascending column order across chunks, so the result is ascending and ties go to the lower
+    column."""
+    num_rows, k = out.shape
+    n_in = cand_col.shape[1] * k
     _topk_kernel[(num_rows, 1)](
-        scores, out, cand_key, cand_col, out, out, 0, 0, n_in, n_in, k,
+        out, out, cand_key, cand_col, out, out, 0, 0, n_in, n_in, k,
         HAS_LEN=False, FROM_CANDS=True, WRITE_KEYS=False, BITS=radix_bits,
         BLOCK=1024, KBLOCK=kblock, num_warps=num_warps,
     )
