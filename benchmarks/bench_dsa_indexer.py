@@ -38,7 +38,11 @@ DTYPES = {"bf16": (torch.bfloat16,) * 2, "fp16": (torch.float16,) * 2, "fp32": (
 
 
 LOGITS_TUNING = {"w8": dict(num_warps=8), "bt2w8": dict(block_t=2, num_warps=8),
-                 "bs128w8": dict(block_s=128, num_warps=8)}
+                 "bs128w8": dict(block_s=128, num_warps=8),
+                 # keys as the product's rows, heads as its columns (the head sum within a warp)
+                 "rows-w8": dict(keys_as_rows=True, num_warps=8),
+                 "rows-bt2w8": dict(keys_as_rows=True, block_t=2, num_warps=8),
+                 "rows-bs128w8": dict(keys_as_rows=True, block_s=128, num_warps=8)}
 CHUNKS = (4096, 16384)  # keys per program of the per-chunk-candidates indexer -> top-k path
 TOPK_TUNING = {"": {}, "8bit": dict(radix_bits=8), "1chunk": dict(num_splits=1),
                "4warps": dict(num_warps=4), "2048cols": dict(block=2048)}

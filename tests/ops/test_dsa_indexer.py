@@ -92,10 +92,12 @@ def test_decode_logits(B, N, H, D, page, seq_lens, dtype, k_scale, device):
     _assert_logits("decode", ref, tri, REL_TOL[dtype])
 
 
-@pytest.mark.parametrize("tune", [dict(block_t=2, num_warps=8), dict(block_s=128), dict(block_t=4)],
+@pytest.mark.parametrize("tune", [dict(block_t=2, num_warps=8), dict(block_s=128), dict(block_t=4),
+                                  dict(keys_as_rows=True), dict(keys_as_rows=True, block_t=4)],
                          ids=str)
 def test_decode_logits_tuning_overrides(tune, device):
-    """The benchmark's tile variants compute the same logits (tokens per product, key tile)."""
+    """The benchmark's tile variants compute the same logits (tokens per product, key tile, the
+    product's orientation)."""
     q, kc, w, bt, seq, ks = _decode_inputs(3, 4, 8, 32, 16, [4, 37, 200], "fp32", device, True)
     ref = R.indexer_logits_decode_reference(q, kc, w, bt, seq, ks)
     tri = _kernel().indexer_logits_decode_triton(q, kc, w, bt, seq, ks, **tune)
@@ -141,8 +143,9 @@ def test_fp8_k_cache_is_read_as_fp8(q_fp8, device, topk_sets):
     w8 = R.prepare_indexer_weights(w, D, q_scale)
     q_in = q8 if q_fp8 else q8.to(torch.bfloat16)  # exact: e4m3 values are bf16 values
     ref = R.indexer_logits_decode_reference(q8, k8, w8, bt, seq, k_scale)
-    tri = kern.indexer_logits_decode_triton(q_in, k8, w8, bt, seq, k_scale)
-    _assert_logits("fp8-decode", ref, tri, REL_TOL["bf16"])
+    for keys_as_rows in (False, True):  # fp8 MMA operands in both orientations
+        tri = kern.indexer_logits_decode_triton(q_in, k8, w8, bt, seq, k_scale, keys_as_rows=keys_as_rows)
+        _assert_logits(f"fp8-decode-keys_as_rows={keys_as_rows}", ref, tri, REL_TOL["bf16"])
     top_ref = R.indexer_topk_decode_reference(q8, k8, w8, bt, seq, 9, k_scale)
     top = kern.indexer_topk_decode_triton(q_in, k8, w8, bt, seq, 9, k_scale, group=4)
     atol = REL_TOL["bf16"] * max(1.0, ref[torch.isfinite(ref)].abs().max().item())
@@ -280,6 +283,78 @@ def test_launchers_validate(device):
         kern.indexer_logits_decode_triton(qd, kc, wd, bt.long(), seq)
     with pytest.raises(ValueError, match="page size"):
         kern.indexer_logits_decode_triton(qd, kc[:, :12].contiguous(), wd, bt, seq)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: `kernel[grid](...)` records its name and runs nothing."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.log.append(self.name)
+
+
+# Host-side tensor work a CUDA-graph-captured decode step may do: allocate and reinterpret.
+_HOST_OK = {"empty.memory_format", "empty_like.default", "view.default", "view.dtype", "_unsafe_view.default"}
+
+
+def _host_work(monkeypatch, fn):
+    """(Triton launches, aten ops) of one launcher call, kernels recorded instead of run."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vllm_specx.ops.topk import kernel as tk
+
+    kern, launches, aten = _kernel(), [], []
+    for mod, name in [(kern, "_indexer_logits_kernel"), (kern, "_indexer_gather_kernel"),
+                      (kern, "_indexer_chunk_topk_kernel"), (kern, "_row_meta_kernel"),
+                      (tk, "_topk_kernel")]:
+        monkeypatch.setattr(mod, name, _Recorder(name.strip("_").removesuffix("_kernel"), launches))
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            aten.append(str(func).removeprefix("aten."))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        fn(kern)
+    return launches, aten
+
+
+DECODE_LAUNCHES = [  # (path, the Triton launches of one decode indexer -> top-k call)
+    (None, ["indexer_logits"]),  # the logits alone
+    (dict(group=0), ["indexer_logits", "row_meta", "topk"]),
+    (dict(group=8), ["indexer_logits", "topk", "row_meta", "indexer_gather", "topk"]),
+    (dict(chunk=256), ["row_meta", "indexer_chunk_topk", "topk"]),
+    (dict(chunk=4096), ["row_meta", "indexer_chunk_topk"]),
+]
+
+
+@pytest.mark.parametrize("path,expect", DECODE_LAUNCHES,
+                         ids=["logits"] + [_path_id(p) for p, _ in DECODE_LAUNCHES[1:]])
+def test_decode_launches_only_kernels(path, expect, monkeypatch, device):
+    """The short-context floor is the launches: a decode call with `max_seq_len` given is its
+    Triton kernels and allocations only; no PyTorch compute op and no host sync (`.item()`,
+    `int(t)`: `_local_scalar_dense`), so vLLM can capture it in a CUDA graph."""
+    q, kc, w, bt, seq, ks = _decode_inputs(2, 2, 4, 32, 16, [1000, 63], "bf16", device, True)
+    if path is None:
+        call = lambda kern: kern.indexer_logits_decode_triton(q, kc, w, bt, seq, ks, 1000)  # noqa: E731
+    else:
+        call = lambda kern: kern.indexer_topk_decode_triton(q, kc, w, bt, seq, 64, ks,  # noqa: E731
+                                                            max_seq_len=1000, **path)
+    launches, aten = _host_work(monkeypatch, call)
+    assert launches == expect
+    assert set(aten) <= _HOST_OK, f"host-side tensor ops: {sorted(set(aten) - _HOST_OK)}"
+
+
+def test_prefill_launches_only_kernels(monkeypatch, device):
+    """The same for prefill when the caller gives the longest query and key spans."""
+    q, k, w, cu_q, cu_k = _prefill_inputs([5, 0, 3], [7, 4, 300], 2, 16, "fp32", device)
+    for path, expect in DECODE_LAUNCHES[1:]:
+        launches, aten = _host_work(monkeypatch, lambda kern: kern.indexer_topk_prefill_triton(
+            q, k, w, cu_q, cu_k, 4, max_q_len=5, max_kv_len=300, **path))
+        assert launches == [n for n in expect], path
+        assert set(aten) <= _HOST_OK, f"{path}: host-side tensor ops: {sorted(set(aten) - _HOST_OK)}"
 
 
 def test_dispatch(device):

@@ -11,7 +11,7 @@ logit of key group `j` (G consecutive keys), the top-k keys of a row all lie in 
 `G_max` (each of the k best groups holds a key at least as large as the k-th best group max, so
 the k-th best key is too; with lowest-index tie breaking at both levels the sets agree exactly).
 So: (1) the logits kernel writes only group maxima `[T, S/G]`; (2) radix top-k picks k groups;
-(3) `_indexer_gather_kernel` recomputes the k*G candidate logits; (4) radix top-k picks k of them.
+(3) `_indexer_gather_kernel` recomputes the k*G candidate logits; (4) the top-k merge picks k of them.
 Extra work is k*G recomputed keys per row, so it pays off once `S >> k*G` (see `choose_group`).
 Passes (1) and (3) may round the same logit differently (different MMA tile shapes), so keys
 within rounding of the k-th score can differ from the materialised path; tests compare sets.
@@ -20,9 +20,14 @@ A third path (`chunk=`, `_indexer_chunk_topk_kernel`) keeps per-chunk candidates
 program per (query row, chunk) selects its chunk's top-k from logits it has just computed (the
 first radix histogram built as they are made), then one merge launch selects k of the chunks'
 candidates. Opt-in until a GPU has timed it against the other two.
+
+Every path takes each query row's request and causal key count from `_row_meta_kernel`, and the
+kernels read key counts from `cu_seqlens_k` / `seq_lens` themselves: a call is its Triton launches
+and allocations, no PyTorch op and (with the longest spans given) no host sync.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -61,12 +66,60 @@ def _flat(x):
 
 
 @triton.jit
-def _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED: tl.constexpr, PAGE: tl.constexpr):
-    """Physical K row of request `b`'s local keys `s` (page lookup when PAGED)."""
+def _key_rows(b, s, s_ok, kv_ptr, bt_ptr, stride_bt, PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """Physical K row of request `b`'s local keys `s`: a page lookup when PAGED, else an offset
+    into the concatenated keys (`kv_ptr` is `cu_seqlens_k`)."""
     if PAGED:
         page = tl.load(bt_ptr + b * stride_bt + s // PAGE, mask=s_ok, other=0)
         return page.to(tl.int64) * PAGE + s % PAGE
-    return tl.load(k_start_ptr + b).to(tl.int64) + s
+    return tl.load(kv_ptr + b).to(tl.int64) + s
+
+
+@triton.jit
+def _kv_len(b, kv_ptr, PAGED: tl.constexpr):
+    """Keys of request `b`: `seq_lens[b]` when PAGED, else `cu_seqlens_k[b + 1] - cu_seqlens_k[b]`
+    (read here, so no launch computes the lengths)."""
+    if PAGED:
+        return tl.load(kv_ptr + b)
+    return tl.load(kv_ptr + b + 1) - tl.load(kv_ptr + b)
+
+
+@triton.jit
+def _row_meta_kernel(
+    cu_q_ptr,  # [B+1] int32 query offsets (q_per_req == 0)
+    kv_ptr,  # cu_seqlens_k [B+1] | seq_lens [B] (PAGED) int32
+    req_ptr,  # [T] int32 out: the request of each query row
+    len_ptr,  # [T] int32 out: the keys a row may see, pos + 1 (its causal prefix)
+    num_rows,
+    num_reqs,
+    n_steps,  # binary-search steps: num_reqs.bit_length()
+    q_per_req,  # > 0: every request has this many query rows (decode); 0: varlen
+    PAGED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Request and causal key count of every query row, in one launch: what `torch.searchsorted`
+    and a handful of index ops would compute in ten."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rows < num_rows
+    if q_per_req > 0:
+        req = tl.where(ok, rows // q_per_req, 0)
+        q_start = req * q_per_req
+        q_len = tl.zeros((BLOCK,), tl.int32) + q_per_req
+    else:  # the request whose [cu_q[b], cu_q[b + 1]) holds the row: #{b : cu_q[b + 1] <= row}
+        lo = tl.zeros((BLOCK,), tl.int32)
+        hi = tl.zeros((BLOCK,), tl.int32) + num_reqs
+        for _ in range(n_steps):
+            mid = (lo + hi) // 2
+            live = ok & (lo < hi)
+            right = tl.load(cu_q_ptr + mid + 1, mask=live, other=0) <= rows
+            hi = tl.where(live & right, hi, tl.where(live, mid, hi))
+            lo = tl.where(live & right, mid + 1, lo)
+        req = tl.where(ok, lo, 0)
+        q_start = tl.load(cu_q_ptr + req, mask=ok, other=0)
+        q_len = tl.load(cu_q_ptr + req + 1, mask=ok, other=0) - q_start
+    kv_len = _kv_len(req, kv_ptr, PAGED)
+    tl.store(req_ptr + rows, req, mask=ok)
+    tl.store(len_ptr + rows, kv_len - q_len + (rows - q_start) + 1, mask=ok)
 
 
 @triton.jit
@@ -102,12 +155,12 @@ def _indexer_logits_kernel(
     k_ptr,  # flat [S_total, D] | paged [num_pages, PAGE, D]
     ks_ptr,  # k_scale: flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
     out_ptr,  # [T, n_out] fp32: logits (GROUP == 1) or max over each group of GROUP keys
-    cu_q_ptr,  # [B+1] int32 query offsets
-    k_start_ptr,  # [B+1] int32 key offsets (flat only)
-    kv_len_ptr,  # [B] int32 keys per request
+    cu_q_ptr,  # [B+1] int32 query offsets (q_per_req == 0)
+    kv_ptr,  # cu_seqlens_k [B+1] | seq_lens [B] (PAGED) int32
     bt_ptr,  # [B, max_pages] int32 block table (PAGED only)
     stride_bt,
     n_out,  # columns of out
+    q_per_req,  # > 0: every request has this many queries (decode); 0: offsets from cu_q
     H,
     D,
     PAGED: tl.constexpr,
@@ -124,15 +177,22 @@ def _indexer_logits_kernel(
     Q_FP8: tl.constexpr,  # q / K in fp8, passed as bytes (see _as_fp8)
     K_FP8: tl.constexpr,
     K_TO_BF16: tl.constexpr,  # fp8 K with bf16 q (see _load_k_tile)
+    KEYS_AS_ROWS: tl.constexpr,  # the product as [s, d] @ [d, (t, h)] (see below)
 ):
     b, pid_t, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(cu_q_ptr + b)
-    q_len = tl.load(cu_q_ptr + b + 1) - q_start
-    kv_len = tl.load(kv_len_ptr + b)
+    # q_per_req is a runtime value: as a constexpr, the token loop's constant trip count let
+    # Triton 3.6 unroll it and spill on sm_90. (+ 0 * b: a tensor even when Triton specialises 1.)
+    if q_per_req > 0:
+        q_start = b * q_per_req
+        q_len = q_per_req + 0 * b
+    else:
+        q_start = tl.load(cu_q_ptr + b)
+        q_len = tl.load(cu_q_ptr + b + 1) - q_start
+    kv_len = _kv_len(b, kv_ptr, PAGED)
     s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # request-local key ids
     s_ok = s < kv_len
     k_tile, k_scale = _load_k_tile(
-        k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+        k_ptr, ks_ptr, _key_rows(b, s, s_ok, kv_ptr, bt_ptr, stride_bt, PAGED, PAGE),
         s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
     )
     h = tl.arange(0, H_PAD)
@@ -151,10 +211,19 @@ def _indexer_logits_kernel(
                 mask=qh_ok[:, :, None] & (d < D)[None, None, :], other=0,
             ), Q_FP8)
             w = tl.load(w_ptr + row[:, None] * H + h[None, :], mask=qh_ok, other=0.0)
-            # [(t, h), d] @ [d, s]: every head of every token against the shared key tile.
-            qk = _dot(tl.reshape(q, (BLOCK_T * H_PAD, D_PAD)), tl.trans(k_tile), PRECISION, UPCAST)
-            qk = tl.maximum(qk, 0.0) * tl.reshape(w, (BLOCK_T * H_PAD,))[:, None]
-            scores = tl.sum(tl.reshape(qk, (BLOCK_T, H_PAD, BLOCK_S)), axis=1) * k_scale[None, :]
+            q2, w2 = tl.reshape(q, (BLOCK_T * H_PAD, D_PAD)), tl.reshape(w, (BLOCK_T * H_PAD,))
+            if KEYS_AS_ROWS:
+                # [s, d] @ [d, (t, h)]: keys are the MMA's rows and heads its columns, so the sum
+                # over heads stays within each warp (DeepGEMM's MQA-logits orientation).
+                qk = _dot(k_tile, tl.trans(q2), PRECISION, UPCAST)
+                qk = tl.maximum(qk, 0.0) * w2[None, :]
+                scores = tl.trans(tl.sum(tl.reshape(qk, (BLOCK_S, BLOCK_T, H_PAD)), axis=2))
+            else:
+                # [(t, h), d] @ [d, s]: every head of every token against the shared key tile.
+                qk = _dot(q2, tl.trans(k_tile), PRECISION, UPCAST)
+                qk = tl.maximum(qk, 0.0) * w2[:, None]
+                scores = tl.sum(tl.reshape(qk, (BLOCK_T, H_PAD, BLOCK_S)), axis=1)
+            scores = scores * k_scale[None, :]
             logits = tl.where(s[None, :] <= pos[:, None], scores, float("-inf"))
         out_row = out_ptr + (q_start + t).to(tl.int64)[:, None] * n_out
         if GROUP == 1:
@@ -173,12 +242,12 @@ def _indexer_gather_kernel(
     ks_ptr,  # flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
     groups_ptr,  # [T, n_groups] int32 chosen group ids per row, ascending, -1 padded
     row_req_ptr,  # [T] int32 request of each query row
-    row_pos_ptr,  # [T] int32 causal position of each query row
-    k_start_ptr,  # [B+1] int32 (flat only)
+    row_len_ptr,  # [T] int32 keys each query row may see (pos + 1)
+    kv_ptr,  # cu_seqlens_k [B+1] (flat only)
     bt_ptr,  # [B, max_pages] int32 (PAGED only)
     stride_bt,
-    cand_score_ptr,  # [T, n_groups * GROUP] fp32 candidate logits (-inf when masked)
-    cand_key_ptr,  # [T, n_groups * GROUP] int32 their request-local key ids (-1 when masked)
+    cand_key_ptr,  # [T, n_groups * GROUP] int32 order-preserving keys of the candidate logits
+    cand_col_ptr,  # [T, n_groups * GROUP] int32 their request-local key ids (-1: no candidate)
     n_groups,
     H,
     D,
@@ -197,13 +266,13 @@ def _indexer_gather_kernel(
 ):
     row, pid_g = tl.program_id(0), tl.program_id(1)
     b = tl.load(row_req_ptr + row)
-    pos = tl.load(row_pos_ptr + row)
+    length = tl.load(row_len_ptr + row)
     gi = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     grp = tl.load(groups_ptr + row.to(tl.int64) * n_groups + gi, mask=gi < n_groups, other=-1)
     s = _flat(grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :])  # candidate key ids
-    s_ok = _flat(tl.broadcast_to((grp >= 0)[:, None], (BLOCK_G, GROUP))) & (s <= pos)
+    s_ok = _flat(tl.broadcast_to((grp >= 0)[:, None], (BLOCK_G, GROUP))) & (s < length)
     k_tile, k_scale = _load_k_tile(
-        k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+        k_ptr, ks_ptr, _key_rows(b, s, s_ok, kv_ptr, bt_ptr, stride_bt, PAGED, PAGE),
         s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
     )
     h = tl.arange(0, H_PAD)
@@ -213,11 +282,15 @@ def _indexer_gather_kernel(
     w = tl.load(w_ptr + row.to(tl.int64) * H + h, mask=h < H, other=0.0)
     qk = _dot(q, tl.trans(k_tile), PRECISION, UPCAST)  # [H_PAD, BLOCK_G * GROUP]
     scores = tl.sum(tl.maximum(qk, 0.0) * w[:, None], axis=0) * k_scale
+    # As a first top-k launch writes its candidates, so the merge (`topk.kernel.merge_candidates`)
+    # selects k of them and emits their key ids directly; NaN and -inf are never candidates.
+    ok = s_ok & (scores > float("-inf"))
     c = pid_g * (BLOCK_G * GROUP) + tl.arange(0, BLOCK_G * GROUP)  # candidate slots
     c_ok = c < n_groups * GROUP
     c += row.to(tl.int64) * (n_groups * GROUP)
-    tl.store(cand_score_ptr + c, tl.where(s_ok, scores, float("-inf")), mask=c_ok)
-    tl.store(cand_key_ptr + c, tl.where(s_ok, s, -1), mask=c_ok)
+    tl.store(cand_key_ptr + c, tl.where(ok, _float_key(scores), NOT_A_KEY).to(tl.int32, bitcast=True),
+             mask=c_ok)
+    tl.store(cand_col_ptr + c, tl.where(ok, s, -1), mask=c_ok)
 
 
 @triton.jit
@@ -227,8 +300,8 @@ def _indexer_chunk_topk_kernel(
     k_ptr,  # flat [S_total, D] | paged [num_pages, PAGE, D]
     ks_ptr,  # flat [S_total] | paged [num_pages, PAGE] fp32 (HAS_K_SCALE)
     row_req_ptr,  # [T] int32 request of each query row
-    row_pos_ptr,  # [T] int32 causal position of each query row
-    k_start_ptr,  # [B+1] int32 (flat only)
+    row_len_ptr,  # [T] int32 keys each query row may see (pos + 1)
+    kv_ptr,  # cu_seqlens_k [B+1] (flat only)
     bt_ptr,  # [B, max_pages] int32 (PAGED only)
     stride_bt,
     scratch_ptr,  # [T, n_chunks, CHUNK] int32: the chunk's keys, re-read by this program only
@@ -264,9 +337,9 @@ def _indexer_chunk_topk_kernel(
     row, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     n_chunks = tl.num_programs(1)
     b = tl.load(row_req_ptr + row)
-    pos = tl.load(row_pos_ptr + row)
+    length = tl.load(row_len_ptr + row)
     lo = c * CHUNK
-    hi = tl.maximum(tl.minimum(lo + CHUNK, pos + 1), lo)  # causal: keys 0..pos; may be empty
+    hi = tl.maximum(tl.minimum(lo + CHUNK, length), lo)  # causal: keys 0..pos; may be empty
     key_row = scratch_ptr + (row * n_chunks + c) * CHUNK - lo  # key_row + s: key s of the chunk
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
@@ -279,7 +352,7 @@ def _indexer_chunk_topk_kernel(
         s = s0 + tl.arange(0, BLOCK_S)
         s_ok = s < hi
         k_tile, k_scale = _load_k_tile(
-            k_ptr, ks_ptr, _key_rows(b, s, s_ok, k_start_ptr, bt_ptr, stride_bt, PAGED, PAGE),
+            k_ptr, ks_ptr, _key_rows(b, s, s_ok, kv_ptr, bt_ptr, stride_bt, PAGED, PAGE),
             s_ok, D, HAS_K_SCALE, D_PAD, K_FP8, K_TO_BF16,
         )
         qk = _dot(q, tl.trans(k_tile), PRECISION, UPCAST)  # [H_PAD, BLOCK_S]
@@ -344,32 +417,59 @@ def _tiles(num_heads: int, head_dim: int, max_q_len: int, block_s: int | None):
     return h_pad, d_pad, block_t, t_per_prog, block_s or 64
 
 
-def _launch_logits(q, w, k, k_scale, out, cu_q, k_start, kv_len, block_table, *, max_q_len,
-                   group, page, block_s=None, block_t=None, num_warps=None):
+@dataclass(frozen=True)
+class _Rows:
+    """Where a call's query rows and keys are, as every kernel here reads them.
+
+    Prefill: `cu_q` `[B+1]`, `kv` = `cu_seqlens_k` `[B+1]` (keys concatenated). Decode:
+    `q_per_req` = N rows per request (no offsets tensor), `kv` = `seq_lens` `[B]`, keys paged
+    through `block_table`. The kernels read the lengths themselves (`_kv_len`), so no launch
+    computes them."""
+
+    kv: torch.Tensor
+    num_reqs: int
+    max_q_len: int
+    width: int  # output columns: the longest key span (or max_seq_len)
+    cu_q: torch.Tensor | None = None
+    q_per_req: int = 0
+    block_table: torch.Tensor | None = None
+    page: int = 1
+
+    def pointers(self) -> tuple:
+        """(cu_q, kv, block_table, its row stride); `kv` stands in where a constexpr branch
+        never reads."""
+        bt = self.block_table
+        return (self.kv if self.cu_q is None else self.cu_q, self.kv,
+                self.kv if bt is None else bt, 0 if bt is None else bt.stride(0))
+
+    def constexprs(self) -> dict:
+        return dict(PAGED=self.block_table is not None, PAGE=self.page)
+
+
+def _launch_logits(q, w, k, k_scale, out, rows: _Rows, *, group, block_s=None, block_t=None,
+                   num_warps=None, keys_as_rows=False):
     """Shared launch of `_indexer_logits_kernel` (q `[T, H, D]`, out `[T, n_out]`).
-    `block_t` (tokens per matrix product, a power of two) and `num_warps` override `_tiles` and
-    Triton's default (tuning: `bench_dsa_indexer.py` times them as variants)."""
-    num_reqs = kv_len.shape[0]
+    `block_t` (tokens per matrix product, a power of two), `num_warps` and `keys_as_rows` (the
+    product transposed: keys as rows, heads as columns) override `_tiles` and the defaults
+    (tuning: `bench_dsa_indexer.py` times them as variants)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
-    h_pad, d_pad, bt, t_per_prog, block_s = _tiles(num_heads, head_dim, max_q_len, block_s)
+    h_pad, d_pad, bt, t_per_prog, block_s = _tiles(num_heads, head_dim, rows.max_q_len, block_s)
     if block_t is not None and (block_t < 1 or block_t & (block_t - 1)):
         raise ValueError(f"block_t must be a power of two, got {block_t}")
     block_t = max(block_t or bt, -(-16 // h_pad))  # >= 16 rows per product: the MMA minimum
     t_per_prog = max(t_per_prog, block_t)  # both powers of two: a multiple of block_t
     block_s = max(block_s, group)
     key_cols = out.shape[1] * group  # keys covered by the output columns
-    grid = (num_reqs, triton.cdiv(max(max_q_len, 1), t_per_prog), triton.cdiv(key_cols, block_s))
-    if out.numel() == 0 or num_reqs == 0:
+    grid = (rows.num_reqs, triton.cdiv(max(rows.max_q_len, 1), t_per_prog), triton.cdiv(key_cols, block_s))
+    if out.numel() == 0 or rows.num_reqs == 0:
         return out
-    paged = block_table is not None
-    dummy = kv_len  # stands in for pointers a constexpr branch never reads
     _indexer_logits_kernel[grid](
-        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, out, cu_q,
-        dummy if paged else k_start, kv_len, block_table if paged else dummy,
-        block_table.stride(0) if paged else 0, out.shape[1], num_heads, head_dim,
-        PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
+        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, out, *rows.pointers(),
+        out.shape[1], rows.q_per_req, num_heads, head_dim, **rows.constexprs(),
+        HAS_K_SCALE=k_scale is not None, GROUP=group,
         T_PER_PROG=t_per_prog, BLOCK_T=block_t, BLOCK_S=block_s, H_PAD=h_pad, D_PAD=d_pad,
-        **_dot_flags(q.dtype, k.dtype), **({"num_warps": num_warps} if num_warps else {}),
+        KEYS_AS_ROWS=keys_as_rows, **_dot_flags(q.dtype, k.dtype),
+        **({"num_warps": num_warps} if num_warps else {}),
     )
     return out
 
@@ -379,6 +479,16 @@ def _check_varlen(q, cu_seqlens_q, cu_seqlens_k):
     check_tensor("cu_seqlens_k", cu_seqlens_k, ndim=1, dtypes=_INT, device=q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.shape[0] < 1:
         raise ValueError("cu_seqlens_q and cu_seqlens_k must both have shape [B+1]")
+
+
+def _prefill_rows(cu_seqlens_q, cu_seqlens_k, max_q_len, max_kv_len) -> _Rows:
+    """`_Rows` of a varlen batch; the longest spans are read back (a device sync) only when the
+    caller does not give them."""
+    if max_q_len is None:
+        max_q_len = int(cu_seqlens_q.diff().max()) if cu_seqlens_q.shape[0] > 1 else 0
+    if max_kv_len is None:
+        max_kv_len = int(cu_seqlens_k.diff().max()) if cu_seqlens_k.shape[0] > 1 else 0
+    return _Rows(cu_seqlens_k, cu_seqlens_k.shape[0] - 1, max_q_len, max_kv_len, cu_q=cu_seqlens_q)
 
 
 def indexer_logits_prefill_triton(
@@ -392,13 +502,9 @@ def indexer_logits_prefill_triton(
     """
     _check_qkw(q, k, weights, k_scale, q_ndim=3, k_ndim=2)
     _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
-    q_lens, kv_lens = cu_seqlens_q.diff(), cu_seqlens_k.diff()
-    max_q_len = int(q_lens.max()) if max_q_len is None and q_lens.numel() else (max_q_len or 0)
-    width = int(kv_lens.max()) if max_kv_len is None and kv_lens.numel() else (max_kv_len or 0)
-    out = torch.empty(q.shape[0], width, dtype=torch.float32, device=q.device)
-    return _launch_logits(q, weights, k, k_scale, out, cu_seqlens_q, cu_seqlens_k,
-                          kv_lens.int(), None, max_q_len=max_q_len, group=1, page=1,
-                          block_s=block_s)
+    rows = _prefill_rows(cu_seqlens_q, cu_seqlens_k, max_q_len, max_kv_len)
+    out = torch.empty(q.shape[0], rows.width, dtype=torch.float32, device=q.device)
+    return _launch_logits(q, weights, k, k_scale, out, rows, group=1, block_s=block_s)
 
 
 def _check_paged(q, k_cache, block_table, seq_lens):
@@ -411,27 +517,29 @@ def _check_paged(q, k_cache, block_table, seq_lens):
         raise ValueError(f"k_cache page size must be a power of two, got {page}")
 
 
-def _decode_offsets(q):
-    """cu_seqlens_q of a uniform `[B, N, ...]` batch: `[0, N, 2N, ...]` (no sync)."""
-    num_reqs, n = q.shape[0], q.shape[1]
-    return torch.arange(0, (num_reqs + 1) * n, n, dtype=torch.int32, device=q.device)
+def _decode_rows(q, k_cache, block_table, seq_lens, max_seq_len) -> _Rows:
+    """`_Rows` of a decode batch: `q.shape[1]` rows per request; `max_seq_len` (the output width)
+    is read back from `seq_lens` (a device sync) only when not given."""
+    num_reqs, n = q.shape[:2]
+    width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
+    return _Rows(seq_lens, num_reqs, n, width, q_per_req=n, block_table=block_table,
+                 page=k_cache.shape[1])
 
 
 def indexer_logits_decode_triton(
     q, k_cache, weights, block_table, seq_lens, k_scale=None, max_seq_len=None, *, block_s=None,
-    block_t=None, num_warps=None,
+    block_t=None, num_warps=None, keys_as_rows=False,
 ):
     """Triton twin of `indexer_logits_decode_reference` (same args and output); `block_s`,
-    `block_t`, `num_warps`: tile overrides for tuning (`_launch_logits`)."""
+    `block_t`, `num_warps`, `keys_as_rows`: overrides for tuning (`_launch_logits`). With
+    `max_seq_len` given, one launch and no host sync (CUDA-graph capturable)."""
     _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
     _check_paged(q, k_cache, block_table, seq_lens)
-    num_reqs, n = q.shape[:2]
-    width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
-    out = torch.empty(num_reqs * n, width, dtype=torch.float32, device=q.device)
-    _launch_logits(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, out,
-                   _decode_offsets(q), None, seq_lens, block_table, max_q_len=n, group=1,
-                   page=k_cache.shape[1], block_s=block_s, block_t=block_t, num_warps=num_warps)
-    return out.view(num_reqs, n, width)
+    rows = _decode_rows(q, k_cache, block_table, seq_lens, max_seq_len)
+    out = torch.empty(rows.num_reqs * rows.q_per_req, rows.width, dtype=torch.float32, device=q.device)
+    _launch_logits(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, out, rows, group=1,
+                   block_s=block_s, block_t=block_t, num_warps=num_warps, keys_as_rows=keys_as_rows)
+    return out.view(rows.num_reqs, rows.q_per_req, rows.width)
 
 
 def choose_group(max_kv_len: int, topk: int) -> int:
@@ -450,47 +558,50 @@ def choose_group(max_kv_len: int, topk: int) -> int:
     return int(min(64, max(4, next_pow2(round(g)))))
 
 
-def _row_meta(cu_q, kv_lens, num_rows):
-    """Request id and causal position of every query row, `[T]` int32 each (no device sync)."""
-    rows = torch.arange(num_rows, device=cu_q.device, dtype=torch.int32)
-    req = torch.searchsorted(cu_q[1:].contiguous(), rows, right=True).int()
-    q_lens = cu_q.diff()
-    pos = kv_lens[req] - q_lens[req] + (rows - cu_q[req])
-    return req.contiguous(), pos.int().contiguous()
+def _row_meta(rows: _Rows, num_rows: int):
+    """Request and causal key count (pos + 1) of every query row, `[T]` int32 each: one launch
+    of `_row_meta_kernel`, no host sync."""
+    dev = rows.kv.device
+    req = torch.empty(num_rows, dtype=torch.int32, device=dev)
+    length = torch.empty(num_rows, dtype=torch.int32, device=dev)
+    if num_rows:
+        block = min(1024, next_pow2(num_rows))
+        cu_q, kv, _, _ = rows.pointers()
+        _row_meta_kernel[(triton.cdiv(num_rows, block),)](
+            cu_q, kv, req, length, num_rows, rows.num_reqs, rows.num_reqs.bit_length(),
+            rows.q_per_req, PAGED=rows.block_table is not None, BLOCK=block,
+        )
+    return req, length
 
 
-def _fused_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, max_q_len,
-                width, page, group, block_s=None):
-    """Steps (1)-(4) of the module docstring on flattened rows: q `[T, H, D]` -> `[T, topk]`."""
+def _fused_topk(q, w, k, k_scale, rows: _Rows, topk, *, group, block_s=None):
+    """Steps (1)-(4) of the module docstring on flattened rows: q `[T, H, D]` -> `[T, topk]`.
+    Step (4) is the merge of `topk.kernel`: the gather writes its candidates as the split top-k's
+    first launch does (keys and key ids, ascending), so the merge emits the key ids directly."""
     num_rows, num_heads, head_dim = q.shape
-    n_groups = triton.cdiv(width, group)
+    out = torch.empty(num_rows, topk, dtype=torch.int32, device=q.device)
+    if num_rows == 0 or topk == 0:
+        return out.fill_(-1)
+    n_groups = triton.cdiv(rows.width, group)
     gmax = torch.empty(num_rows, n_groups, dtype=torch.float32, device=q.device)
-    _launch_logits(q, w, k, k_scale, gmax, cu_q, k_start, kv_lens, block_table,
-                   max_q_len=max_q_len, group=group, page=page, block_s=block_s)
+    _launch_logits(q, w, k, k_scale, gmax, rows, group=group, block_s=block_s)
     groups = topk_triton(gmax, topk)  # [T, topk] ascending, -1 padded
-    req, pos = _row_meta(cu_q, kv_lens, num_rows)
-    cand = topk * group
-    cand_score = torch.empty(num_rows, cand, dtype=torch.float32, device=q.device)
-    cand_key = torch.empty(num_rows, cand, dtype=torch.int32, device=q.device)
+    req, length = _row_meta(rows, num_rows)
+    cand_key = torch.empty(num_rows, group, topk, dtype=torch.int32, device=q.device)
+    cand_col = torch.empty_like(cand_key)
     h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
     block_g = max(1, 64 // group)  # 64 candidate keys per program
-    paged = block_table is not None
-    if num_rows:
-        _indexer_gather_kernel[(num_rows, triton.cdiv(topk, block_g))](
-            _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, groups, req, pos,
-            kv_lens if paged else k_start, block_table if paged else kv_lens,
-            block_table.stride(0) if paged else 0, cand_score, cand_key, topk, num_heads,
-            head_dim, PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, GROUP=group,
-            BLOCK_G=block_g, H_PAD=h_pad, D_PAD=d_pad,
-            **_dot_flags(q.dtype, k.dtype),
-        )
-    # Candidates are in ascending key order, so positions map back to ascending keys.
-    best = topk_triton(cand_score, topk, lengths=None)
-    return torch.where(best >= 0, cand_key.gather(1, best.clamp(min=0).long()), -1)
+    _, kv, bt, stride_bt = rows.pointers()
+    _indexer_gather_kernel[(num_rows, triton.cdiv(topk, block_g))](
+        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, groups, req, length,
+        kv, bt, stride_bt, cand_key, cand_col, topk, num_heads, head_dim, **rows.constexprs(),
+        HAS_K_SCALE=k_scale is not None, GROUP=group, BLOCK_G=block_g, H_PAD=h_pad, D_PAD=d_pad,
+        **_dot_flags(q.dtype, k.dtype),
+    )
+    return merge_candidates(cand_key, cand_col, out)
 
 
-def _chunk_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, width, page, chunk,
-                block_s=None):
+def _chunk_topk(q, w, k, k_scale, rows: _Rows, topk, *, chunk, block_s=None, num_warps=8):
     """Per-chunk candidates, then one merge: q `[T, H, D]` -> `[T, topk]` (`chunk` keys per
     program, `_indexer_chunk_topk_kernel`). One launch when a row is one chunk; else the merge is
     `topk.kernel._topk_kernel` over the chunks' `n_chunks * topk` candidates (keys and columns),
@@ -503,34 +614,40 @@ def _chunk_topk(q, w, k, k_scale, cu_q, k_start, kv_lens, block_table, topk, *, 
     out = torch.empty(num_rows, topk, dtype=torch.int32, device=dev)
     if num_rows == 0 or topk == 0:
         return out.fill_(-1)
-    n_chunks = max(1, triton.cdiv(width, chunk))
-    req, pos = _row_meta(cu_q, kv_lens, num_rows)
+    n_chunks = max(1, triton.cdiv(rows.width, chunk))
+    req, length = _row_meta(rows, num_rows)
     scratch = torch.empty(num_rows, n_chunks, chunk, dtype=torch.int32, device=dev)
     direct = n_chunks == 1
     cand = out if direct else torch.empty(num_rows, n_chunks, topk, dtype=torch.int32, device=dev)
     cand_key = out if direct else torch.empty_like(cand)
-    paged = block_table is not None
     h_pad, d_pad = next_pow2(num_heads), max(16, next_pow2(head_dim))
     kblock = min(1024, next_pow2(topk))
+    _, kv, bt, stride_bt = rows.pointers()
     _indexer_chunk_topk_kernel[(num_rows, n_chunks)](
-        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, req, pos,
-        kv_lens if paged else k_start, block_table if paged else kv_lens,
-        block_table.stride(0) if paged else 0, scratch, cand, cand_key, topk, num_heads, head_dim,
-        PAGED=paged, PAGE=page, HAS_K_SCALE=k_scale is not None, CHUNK=chunk, BLOCK_S=block_s,
+        _bytes(q), w, _bytes(k), k_scale if k_scale is not None else q, req, length, kv, bt,
+        stride_bt, scratch, cand, cand_key, topk, num_heads, head_dim, **rows.constexprs(),
+        HAS_K_SCALE=k_scale is not None, CHUNK=chunk, BLOCK_S=block_s,
         RBLOCK=min(chunk, 1024), WRITE_KEYS=not direct, BITS=RADIX_BITS, KBLOCK=kblock,
-        H_PAD=h_pad, D_PAD=d_pad, **_dot_flags(q.dtype, k.dtype),
+        H_PAD=h_pad, D_PAD=d_pad, **_dot_flags(q.dtype, k.dtype), num_warps=num_warps,
     )
     return out if direct else merge_candidates(cand_key, cand, out, kblock=kblock)
-
-
-def _unfused_topk(logits, topk, pos):
-    """Materialised logits `[T, S]` -> `[T, topk]`; only the causal prefix `pos + 1` is scanned."""
-    return topk_triton(logits, topk, lengths=(pos + 1).int())
 
 
 def _check_path(group, chunk):
     if chunk is not None and group:
         raise ValueError(f"group={group} and chunk={chunk}: choose one fused path")
+
+
+def _indexer_topk(q, w, k, k_scale, rows: _Rows, topk, logits_fn, *, group, chunk, block_s):
+    """The three paths on flattened rows `q [T, H, D]` -> `[T, topk]`; `logits_fn()` materialises
+    the logits `[T, width]` for the unfused one, whose top-k scans only each row's causal prefix."""
+    if chunk is not None:
+        return _chunk_topk(q, w, k, k_scale, rows, topk, chunk=chunk, block_s=block_s)
+    group = choose_group(rows.width, topk) if group is None else group
+    if group:
+        return _fused_topk(q, w, k, k_scale, rows, topk, group=group, block_s=block_s)
+    logits = logits_fn()
+    return topk_triton(logits, topk, lengths=_row_meta(rows, q.shape[0])[1])
 
 
 def indexer_topk_prefill_triton(
@@ -542,24 +659,17 @@ def indexer_topk_prefill_triton(
     `group`: None picks with `choose_group`; 0 forces the materialised path; G > 0 forces the
     fused path with G keys per group (a power of two). `chunk` (a power of two) forces the
     per-chunk-candidates path (`_chunk_topk`); it is not chosen by default until a GPU has timed it.
+    `max_q_len` / `max_kv_len` as `indexer_logits_prefill_triton`'s: given, no host sync.
     """
     _check_qkw(q, k, weights, k_scale, q_ndim=3, k_ndim=2)
     _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
     _check_path(group, chunk)
-    q_lens, kv_lens = cu_seqlens_q.diff(), cu_seqlens_k.diff().int()
-    max_q_len = int(q_lens.max()) if max_q_len is None and q_lens.numel() else (max_q_len or 0)
-    width = int(kv_lens.max()) if max_kv_len is None and kv_lens.numel() else (max_kv_len or 0)
-    if chunk is not None:
-        return _chunk_topk(q, weights, k, k_scale, cu_seqlens_q, cu_seqlens_k, kv_lens, None, topk,
-                           width=width, page=1, chunk=chunk, block_s=block_s)
-    group = choose_group(width, topk) if group is None else group
-    if group:
-        return _fused_topk(q, weights, k, k_scale, cu_seqlens_q, cu_seqlens_k, kv_lens, None,
-                           topk, max_q_len=max_q_len, width=width, page=1, group=group,
-                           block_s=block_s)
-    logits = indexer_logits_prefill_triton(q, k, weights, cu_seqlens_q, cu_seqlens_k, k_scale,
-                                           max_q_len=max_q_len, max_kv_len=width, block_s=block_s)
-    return _unfused_topk(logits, topk, _row_meta(cu_seqlens_q, kv_lens, q.shape[0])[1])
+    rows = _prefill_rows(cu_seqlens_q, cu_seqlens_k, max_q_len, max_kv_len)
+    return _indexer_topk(
+        q, weights, k, k_scale, rows, topk, lambda: _launch_logits(
+            q, weights, k, k_scale, torch.empty(q.shape[0], rows.width, dtype=torch.float32,
+                                                device=q.device), rows, group=1, block_s=block_s),
+        group=group, chunk=chunk, block_s=block_s)
 
 
 def indexer_topk_decode_triton(
@@ -567,26 +677,15 @@ def indexer_topk_decode_triton(
     max_seq_len=None, block_s=None, chunk=None,
 ):
     """Triton twin of `indexer_topk_decode_reference`: `[B, N, topk]` int32, `-1` padded
-    (`group`, `chunk`: as `indexer_topk_prefill_triton`'s)."""
+    (`group`, `chunk`: as `indexer_topk_prefill_triton`'s). With `max_seq_len` given, only Triton
+    launches (2-5 by path) and no host sync (CUDA-graph capturable)."""
     _check_qkw(q, k_cache, weights, k_scale, q_ndim=4, k_ndim=3)
     _check_paged(q, k_cache, block_table, seq_lens)
     _check_path(group, chunk)
-    num_reqs, n = q.shape[:2]
-    width = (int(seq_lens.max()) if num_reqs else 0) if max_seq_len is None else max_seq_len
-    cu_q = _decode_offsets(q)
-    if chunk is not None:
-        out = _chunk_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, cu_q, None,
-                          seq_lens, block_table, topk, width=width, page=k_cache.shape[1],
-                          chunk=chunk, block_s=block_s)
-        return out.view(num_reqs, n, topk)
-    group = choose_group(width, topk) if group is None else group
-    if group:
-        out = _fused_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, cu_q, None,
-                          seq_lens, block_table, topk, max_q_len=n, width=width,
-                          page=k_cache.shape[1], group=group, block_s=block_s)
-    else:
-        logits = indexer_logits_decode_triton(q, k_cache, weights, block_table, seq_lens,
-                                              k_scale, width, block_s=block_s)
-        pos = _row_meta(cu_q, seq_lens, num_reqs * n)[1]
-        out = _unfused_topk(logits.flatten(0, 1), topk, pos)
-    return out.view(num_reqs, n, topk)
+    rows = _decode_rows(q, k_cache, block_table, seq_lens, max_seq_len)
+    out = _indexer_topk(
+        q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, rows, topk,
+        lambda: indexer_logits_decode_triton(q, k_cache, weights, block_table, seq_lens, k_scale,
+                                             rows.width, block_s=block_s).flatten(0, 1),
+        group=group, chunk=chunk, block_s=block_s)
+    return out.view(*q.shape[:2], topk)
