@@ -10,7 +10,8 @@ Three ops, for every (context, batch, query tokens per request):
 For each it reports time, the bytes and FLOPs the op must touch (K read once per request, q, w,
 and its output), the roofline time max(bytes / copy bandwidth, FLOPs / matmul rate) with both
 rates measured here, the achieved fraction of that roofline and the speedups. Writes JSON (date,
-git sha, torch / Triton versions, GPU) and prints a table. Needs only torch and Triton, no vLLM.
+git sha, torch / Triton versions, GPU) and prints a table, then the speed goals (`GOALS`) judged
+on the sweep's rows. Needs only torch and Triton, no vLLM.
 
     python benchmarks/bench_dsa_indexer.py                 # GPU sweep -> benchmarks/results/
     python benchmarks/bench_dsa_indexer.py --smoke         # tiny CPU run, Triton interpreter
@@ -254,6 +255,83 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
+# Issue 37's "Done when" (and item 3's 4-token figure), each checked on the rows it names:
+# (goal, op, which rows, figure, "min"/"max" it must reach, target). Per config the op's best variant
+# counts (the CUDA-graph time where measured: a vLLM decode step replays a graph), then the worst
+# config decides.
+GOALS = [
+    ("top-k >= 3x torch.topk at 128K-1M", "topk",
+     lambda r: 131072 <= r["context"] <= 1 << 20, "x torch", "min", 3.0),
+    ("top-k <= 60 us for 64 x 128K", "topk",
+     lambda r: r["context"] == 131072 and r["batch"] == 64 and r["next_n"] == 1, "us", "max", 60.0),
+    ("top-k <= 30 us at 4K, batch <= 64", "topk",
+     lambda r: r["context"] == 4096 and r["batch"] <= 64 and r["next_n"] == 1, "us", "max", 30.0),
+    ("indexer -> top-k <= 1.2x logits, >= 128K, batch >= 8", "indexer_topk",
+     lambda r: r["context"] >= 131072 and r["batch"] >= 8, "x logits", "max", 1.2),
+    ("logits >= 70% roofline, 1 token, batch >= 8, >= 128K", "logits",
+     lambda r: r["context"] >= 131072 and r["batch"] >= 8 and r["next_n"] == 1, "roofline", "min", 0.70),
+    ("logits >= 50% roofline, 4 tokens, >= 128K (item 3)", "logits",
+     lambda r: r["context"] >= 131072 and r["next_n"] == 4, "roofline", "min", 0.50),
+    ("short-context floor <= 15 us (logits, 4K, batch 1)", "logits",
+     lambda r: r["context"] == 4096 and r["batch"] == 1 and r["next_n"] == 1, "us", "max", 15.0),
+]
+
+
+def _best(results) -> dict:
+    """{(op, context, batch, next_n): (time ms, variant, torch.topk ms, roofline ms)} of each
+    config's fastest variant; graph times where every row has one."""
+    graph = all(r.get("graph_ms") for r in results)
+    best = {}
+    for r in results:
+        key = (r["op"], r["context"], r["batch"], r["next_n"])
+        t = r["graph_ms"] if graph else r["time_ms"]
+        torch_ms = r.get("graph_torch.topk_ms" if graph else "torch.topk_ms")
+        if key not in best or t < best[key][0]:
+            best[key] = (t, r["variant"], torch_ms, r["roofline_ms"])
+    return best
+
+
+def goals(results) -> list[dict]:
+    """Each of `GOALS` on these results: its worst config, the variant that gave it, whether it
+    holds (None: no row measured it, e.g. a smoke run or a narrower sweep)."""
+    best, out = _best(results), []
+    for name, op, where, figure, need, target in GOALS:
+        vals = []
+        for (o, ctx, batch, n), (t, variant, torch_ms, roof_ms) in best.items():
+            if o != op or not where({"context": ctx, "batch": batch, "next_n": n}):
+                continue
+            if figure == "us":
+                v = 1000 * t
+            elif figure == "roofline":
+                v = roof_ms / t
+            elif figure == "x torch":
+                v = torch_ms / t if torch_ms else None
+            else:  # "x logits": against the same config's fastest logits
+                lg = best.get(("logits", ctx, batch, n))
+                v = t / lg[0] if lg else None
+            if v is not None:
+                vals.append((v, f"ctx {ctx} B {batch} N {n}", variant))
+        row = {"goal": name, "figure": figure, "target": target, "configs": len(vals)}
+        if vals:
+            v, cfg, variant = (min if need == "min" else max)(vals)
+            row.update(worst=v, at=cfg, variant=variant, holds=v >= target if need == "min" else v <= target)
+        else:
+            row.update(worst=None, at=None, variant=None, holds=None)
+        out.append(row)
+    return out
+
+
+def goals_table(rows) -> str:
+    lines = [f"{'goal':<56}{'worst':>9}  {'at':<22}{'variant':<15}holds"]
+    for g in rows:
+        if g["holds"] is None:
+            lines.append(f"{g['goal']:<56}{'-':>9}  {'not measured':<22}{'':<15}-")
+            continue
+        w = f"{100 * g['worst']:.0f}%" if g["figure"] == "roofline" else f"{g['worst']:.2f}"
+        lines.append(f"{g['goal']:<56}{w:>9}  {g['at']:<22}{g['variant']:<15}{'yes' if g['holds'] else 'NO'}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.compile_only:
@@ -279,13 +357,14 @@ def main(argv=None) -> dict:
                 results += run_config(ctx, batch, n, args, peaks, device)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    report = {"meta": provenance(device, args, peaks=peaks), "results": results}
+    report = {"meta": provenance(device, args, peaks=peaks), "results": results,
+              "goals": goals(results)}
     out = args.out
     if out is None and not args.smoke:
         stamp = datetime.date.today().isoformat()
         gpu = report["meta"]["device"].replace(" ", "_")
         out = REPO / "benchmarks" / "results" / f"dsa_indexer-{gpu}-{stamp}.json"
-    write_report(report, out, table(results))
+    write_report(report, out, table(results) + "\n\n" + goals_table(report["goals"]))
     return report
 
 
