@@ -78,16 +78,3 @@ def run_benchmark(script: str, *args, env_extra=None, drop=()):
     return subprocess.run([sys.executable, str(repo / "benchmarks" / script), *args], cwd=repo,
                           env=env, capture_output=True, text=True, timeout=300)
 
-
-def import_benchmark(name: str):
-    """`benchmarks/<name>.py` as a module (with `benchmarks/` on the path for its own imports)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    sys.path.insert(0, str(bench))
-    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -1,10 +1,12 @@
-"""The indexer benchmark runs end to end on CPU (`--smoke`, Triton interpreter), and every kernel
-specialisation it launches compiles for an H100/H200 target (`--compile-only`, no GPU needed)."""
+"""The indexer benchmark runs end to end on CPU (`--smoke`, Triton interpreter), every kernel
+specialisation it launches compiles for an H100/H200 target (`--compile-only`, no GPU needed), and
+its goal check judges issue 37's speed goals as documented."""
 
 import json
+import sys
+from pathlib import Path
 
-
-from conftest import import_benchmark, ptxas_or_skip, run_benchmark
+from conftest import ptxas_or_skip, run_benchmark
 
 
 def test_bench_smoke(tmp_path):
@@ -35,7 +37,8 @@ def test_goals_verdicts():
     """The goal check takes each config's fastest variant (graph times when all rows have them)
     and judges the worst config: one slow 1M config fails the 3x-torch.topk goal that the 128K
     config alone would pass; the fused path is compared with the same config's fastest logits."""
-    bench = import_benchmark("bench_dsa_indexer")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_dsa_indexer as bench
     rows = [
         _row("topk", "radix", 131072, 64, 1, 0.050, torch_ms=0.178),  # 3.56x, 50 us
         _row("topk", "radix-8bit", 131072, 64, 1, 0.055, torch_ms=0.178),
