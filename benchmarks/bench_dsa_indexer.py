@@ -60,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--contexts", type=ints, default=[4096, 32768, 131072, 1048576])
     p.add_argument("--batches", type=ints, default=[1, 8, 64])
     p.add_argument("--next-n", type=ints, default=[1, 4, 8], help="query tokens per request")
+    p.add_argument("--mixed-short", type=int, default=0,
+                   help="mixed batches: request 0 has the context's keys, every other one this many "
+                        "(0: uniform batches); the goal check leaves such rows out")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--topk", type=int, default=2048)
@@ -73,6 +76,8 @@ def parse_args(argv=None):
                    help="also time every op replayed from a CUDA graph (no launch overhead, as "
                         "vLLM's decode runs): graph_ms and graph_speedup_vs_* columns")
     args = p.parse_args(argv)
+    if args.mixed_short < 0:
+        p.error(f"--mixed-short must be >= 0, got {args.mixed_short}")
     if args.smoke:
         args.contexts, args.batches, args.next_n = [256], [2], [1, 2]
         args.heads, args.head_dim, args.topk, args.page_size = 4, 32, 16, 16
@@ -127,8 +132,16 @@ def roofline_ms(bytes_, flops, peaks) -> float:
 # --------------------------------------------------------------------------- one config
 
 
+def seq_lens_of(ctx, batch, args) -> list[int]:
+    """Keys per request: `ctx` each, or (`--mixed-short`) `ctx` for request 0 and fewer for the
+    rest: one long request among short ones, the mix a DSA decode batch sees."""
+    short = min(args.mixed_short, ctx) if getattr(args, "mixed_short", 0) else ctx
+    return [ctx] + [short] * (batch - 1)
+
+
 def make_decode_inputs(ctx, batch, n, args, device):
-    """Paged decode batch: `batch` requests of `ctx` keys each (the last `n` are the new tokens)."""
+    """Paged decode batch: `batch` requests of `ctx` keys each (`seq_lens_of`; the last `n` are
+    the new tokens)."""
     (q_dtype, k_dtype), page = DTYPES[args.dtype], args.page_size
     pages_per_req = -(-ctx // page)
     num_pages = batch * pages_per_req
@@ -137,22 +150,31 @@ def make_decode_inputs(ctx, batch, n, args, device):
     block_table = torch.randperm(num_pages, device=device).view(batch, pages_per_req).int()
     q = torch.randn(batch, n, args.heads, args.head_dim, device=device).to(q_dtype)
     w = torch.randn(batch, n, args.heads, device=device) * (args.head_dim * args.heads) ** -0.5
-    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(seq_lens_of(ctx, batch, args), dtype=torch.int32, device=device)
     return q, k_cache, w, block_table, seq_lens
 
 
+def row_lengths(seq_lens, n):
+    """Causal key count of each of the `B * n` query rows: row i of a request of s keys sees
+    `s - n + i + 1`."""
+    i = torch.arange(n, device=seq_lens.device).repeat(seq_lens.shape[0])
+    return (seq_lens.repeat_interleave(n) - n + 1 + i).int()
+
+
 def op_costs(ctx, batch, n, args) -> dict:
-    """Bytes and FLOPs each op must touch, counting every input once and its output once."""
+    """Bytes and FLOPs each op must touch, counting every input once and its output once: the
+    logits op writes the whole `[B, N, ctx]` output (-inf past a request's keys), the top-k reads
+    each row's causal prefix."""
     q_elt, k_elt = (t.itemsize for t in DTYPES[args.dtype])
+    lens = seq_lens_of(ctx, batch, args)
     rows = batch * n
-    pairs = batch * sum(ctx - n + i + 1 for i in range(n))  # causal (query, key) pairs
+    pairs = sum(s - n + i + 1 for s in lens for i in range(n))  # causal (query, key) pairs
     flops = 2 * args.heads * args.head_dim * pairs  # q.k per head; ReLU / weights are O(H) less
-    inputs = batch * ctx * args.head_dim * k_elt + rows * args.heads * (args.head_dim * q_elt + 4)
-    logits = rows * ctx * 4
+    inputs = sum(lens) * args.head_dim * k_elt + rows * args.heads * (args.head_dim * q_elt + 4)
     indices = rows * args.topk * 4
     return {
-        "logits": (inputs + logits, flops),
-        "topk": (logits + indices, 0),
+        "logits": (inputs + rows * ctx * 4, flops),
+        "topk": (pairs * 4 + indices, 0),
         "indexer_topk": (inputs + indices, flops),
     }
 
@@ -168,7 +190,7 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
     costs = op_costs(ctx, batch, n, args)
     with_ref = batch * n * ctx <= args.ref_max_elems
     logits = K.indexer_logits_decode_triton(q, kc, w, bt, seq, max_seq_len=ctx).flatten(0, 1)
-    lengths = (torch.arange(n, device=device).repeat(batch) + ctx - n + 1).int()
+    lengths = row_lengths(seq, n)
     group = max(K.choose_group(ctx, k), 4)
 
     def ref_logits():
@@ -204,7 +226,7 @@ def run_config(ctx, batch, n, args, peaks, device) -> list[dict]:
         bytes_, flops = costs[op]
         t = bench(fn, device)
         row = {"op": op, "variant": variant, "context": ctx, "batch": batch, "next_n": n,
-               "time_ms": t, "bytes": bytes_, "flops": flops,
+               "mixed_short": args.mixed_short or None, "time_ms": t, "bytes": bytes_, "flops": flops,
                "roofline_ms": roofline_ms(bytes_, flops, peaks)}
         row["roofline_fraction"] = row["roofline_ms"] / t
         for name, base in baselines.items():
@@ -236,14 +258,15 @@ def _fmt(x) -> str:
 
 def table(results) -> str:
     graph = any("graph_ms" in r for r in results)
-    head = (f"{'op':<13}{'variant':<13}{'ctx':>8}{'B':>4}{'N':>3}{'ms':>10}{'roof ms':>10}"
+    head = (f"{'op':<13}{'variant':<20}{'ctx':>9}{'B':>4}{'N':>3}{'ms':>10}{'roof ms':>10}"
             f"{'%roof':>7}{'x ref':>8}{'x torch':>8}"
             + (f"{'graph ms':>10}{'%roof':>7}{'x torch':>8}" if graph else ""))
     lines = [head, "-" * len(head)]
     for r in results:
         ref, tor = r.get("speedup_vs_reference"), r.get("speedup_vs_torch.topk")
+        ctx = f"{r['context']}*" if r.get("mixed_short") else str(r["context"])
         line = (
-            f"{r['op']:<13}{r['variant']:<13}{r['context']:>8}{r['batch']:>4}{r['next_n']:>3}"
+            f"{r['op']:<13}{r['variant']:<20}{ctx:>9}{r['batch']:>4}{r['next_n']:>3}"
             f"{r['time_ms']:>10.3f}{r['roofline_ms']:>10.4f}{100 * r['roofline_fraction']:>6.1f}%"
             f"{_fmt(ref):>8}{_fmt(tor):>8}"
         )
@@ -252,6 +275,9 @@ def table(results) -> str:
             roof = f"{100 * r['roofline_ms'] / g:>6.1f}%" if g else f"{'-':>7}"
             line += f"{_fmt(g) if g is None else f'{g:.4f}':>10}{roof}{_fmt(r.get('graph_speedup_vs_torch.topk')):>8}"
         lines.append(line)
+    short = {r["mixed_short"] for r in results if r.get("mixed_short")}
+    if short:
+        lines.append(f"* mixed batch: request 0 has ctx keys, the others {min(short)}")
     return "\n".join(lines)
 
 
@@ -280,6 +306,7 @@ GOALS = [
 def _best(results) -> dict:
     """{(op, context, batch, next_n): (time ms, variant, torch.topk ms, roofline ms)} of each
     config's fastest variant; graph times where every row has one."""
+    results = [r for r in results if not r.get("mixed_short")]  # the goals are uniform batches
     graph = all(r.get("graph_ms") for r in results)
     best = {}
     for r in results:

@@ -74,3 +74,27 @@ def test_kernels_compile_for_sm90(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if "regs=" in ln]
     assert lines and all("spill=0 " in ln for ln in lines), "register spills:\n" + proc.stdout
     assert all("wgmma" in ln for ln in lines if "_indexer_" in ln)  # tensor cores on Hopper
+
+
+def test_mixed_batches():
+    """`--mixed-short`: one long request among short ones, costed by what each request holds, and
+    left out of the goal check (whose goals are uniform batches)."""
+    import argparse
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_dsa_indexer as bench
+
+    args = argparse.Namespace(dtype="bf16", heads=64, head_dim=128, topk=2048, mixed_short=4096)
+    assert bench.seq_lens_of(131072, 3, args) == [131072, 4096, 4096]
+    mixed, uniform = bench.op_costs(131072, 3, 1, args), bench.op_costs(131072, 3, 1, argparse.Namespace(
+        **{**vars(args), "mixed_short": 0}))
+    k_bytes = (131072 + 2 * 4096) * 128 * 2
+    assert mixed["indexer_topk"][0] == k_bytes + 3 * 64 * (128 * 2 + 4) + 3 * 2048 * 4
+    assert mixed["logits"][0] - mixed["indexer_topk"][0] == 3 * 131072 * 4 - 3 * 2048 * 4  # full width
+    assert mixed["topk"][1] == 0 and uniform["topk"][0] > mixed["topk"][0]  # prefixes only
+    assert bench.row_lengths(torch.tensor([10, 4], dtype=torch.int32), 3).tolist() == [8, 9, 10, 2, 3, 4]
+    row = _row("topk", "radix", 131072, 64, 1, 0.010, torch_ms=1.0)
+    assert bench.goals([{**row, "mixed_short": 4096}])[0]["holds"] is None
+    assert bench.goals([row])[0]["holds"] is True
