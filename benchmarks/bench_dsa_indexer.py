@@ -44,7 +44,10 @@ LOGITS_TUNING = {"w8": dict(num_warps=8), "bt2w8": dict(block_t=2, num_warps=8),
                  "rows-w8": dict(keys_as_rows=True, num_warps=8),
                  "rows-bt2w8": dict(keys_as_rows=True, block_t=2, num_warps=8),
                  "rows-bs128w8": dict(keys_as_rows=True, block_s=128, num_warps=8)}
-CHUNKS = (4096, 16384)  # keys per program of the per-chunk-candidates indexer -> top-k path
+# Keys per program of the per-chunk-candidates indexer -> top-k path. Each chunk emits k
+# candidates and one program merges a row's chunks * k: small chunks write more candidates and
+# load the merge (1M keys: 256 chunks of 4K -> 524K candidates; 16 of 64K -> 32K).
+CHUNKS = (4096, 16384, 65536)
 TOPK_TUNING = {"": {}, "8bit": dict(radix_bits=8), "1chunk": dict(num_splits=1),
                "4warps": dict(num_warps=4), "2048cols": dict(block=2048)}
 
