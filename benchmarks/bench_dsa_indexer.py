@@ -352,13 +352,13 @@ def goals(results) -> list[dict]:
 
 
 def goals_table(rows) -> str:
-    lines = [f"{'goal':<56}{'worst':>9}  {'at':<22}{'variant':<15}holds"]
+    lines = [f"{'goal':<56}{'worst':>9}  {'at':<22}{'variant':<21}holds"]
     for g in rows:
         if g["holds"] is None:
-            lines.append(f"{g['goal']:<56}{'-':>9}  {'not measured':<22}{'':<15}-")
+            lines.append(f"{g['goal']:<56}{'-':>9}  {'not measured':<22}{'':<21}-")
             continue
         w = f"{100 * g['worst']:.0f}%" if g["figure"] == "roofline" else f"{g['worst']:.2f}"
-        lines.append(f"{g['goal']:<56}{w:>9}  {g['at']:<22}{g['variant']:<15}{'yes' if g['holds'] else 'NO'}")
+        lines.append(f"{g['goal']:<56}{w:>9}  {g['at']:<22}{g['variant']:<21}{'yes' if g['holds'] else 'NO'}")
     return "\n".join(lines)
 
 

@@ -353,7 +353,7 @@ def test_prefill_launches_only_kernels(monkeypatch, device):
     for path, expect in DECODE_LAUNCHES[1:]:
         launches, aten = _host_work(monkeypatch, lambda kern: kern.indexer_topk_prefill_triton(
             q, k, w, cu_q, cu_k, 4, max_q_len=5, max_kv_len=300, **path))
-        assert launches == [n for n in expect], path
+        assert launches == expect, path
         assert set(aten) <= _HOST_OK, f"{path}: host-side tensor ops: {sorted(set(aten) - _HOST_OK)}"
 
 
