@@ -55,12 +55,13 @@ def compile_launches(launches: list, arch: int, option_keys: tuple[str, ...]):
                 sig[p.name], consts[p.name] = "constexpr", v
             else:
                 sig[p.name] = "*" + _TYPES[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
+        opts = {o: kw[o] for o in option_keys if o in kw}  # part of the key: 4 and 8 warps differ
+        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())),
+               tuple(sorted(opts.items())))
         if key in seen:
             continue
         seen.add(key)
         t0 = time.perf_counter()
-        opts = {o: kw[o] for o in option_keys if o in kw}
         compiled = triton.compile(ASTSource(fn, sig, consts), target=target, options=opts)
         seconds = time.perf_counter() - t0
         ptx = compiled.asm["ptx"]
@@ -71,7 +72,7 @@ def compile_launches(launches: list, arch: int, option_keys: tuple[str, ...]):
             log = subprocess.run(cmd, capture_output=True, text=True).stderr
         regs = re.search(r"Used (\d+) registers", log)
         spill = re.search(r"(\d+) bytes spill stores", log)
-        yield {"kernel": fn.__name__, "constexprs": {k: str(v) for k, v in consts.items()},
+        yield {"kernel": fn.__name__, "options": opts, "constexprs": {k: str(v) for k, v in consts.items()},
                "consts": consts, "ptx": ptx,
                "registers": int(regs.group(1)) if regs else None,
                "spill_store_bytes": int(spill.group(1)) if spill else None,

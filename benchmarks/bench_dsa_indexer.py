@@ -448,7 +448,7 @@ def compile_only(args) -> dict:
         mma = "wgmma" if "wgmma" in ptx else "mma" if "mma.sync" in ptx else "-"
         report.append({"tensor_core": mma, **c})
         print(f"{c['kernel']:<24} {mma:<6} regs={c['registers']} spill={c['spill_store_bytes']} "
-              f"smem={c['shared_bytes']} {c['compile_s']:.1f}s {dict(consts)}")
+              f"smem={c['shared_bytes']} {c['compile_s']:.1f}s {c['options']} {dict(consts)}")
     print(f"compiled {len(report)} specialisations for sm_{args.arch}")
     return {"compiled": report}
 
