@@ -9,6 +9,14 @@ from pathlib import Path
 from conftest import ptxas_or_skip, run_benchmark
 
 
+def _bench():
+    """`benchmarks/bench_dsa_indexer.py` as a module, for its pure functions."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_dsa_indexer
+
+    return bench_dsa_indexer
+
+
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_benchmark("bench_dsa_indexer.py", "--smoke", "--out", str(out), env_extra={"CUDA_VISIBLE_DEVICES": ""})
@@ -37,8 +45,7 @@ def test_goals_verdicts():
     """The goal check takes each config's fastest variant (graph times when all rows have them)
     and judges the worst config: one slow 1M config fails the 3x-torch.topk goal that the 128K
     config alone would pass; the fused path is compared with the same config's fastest logits."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import bench_dsa_indexer as bench
+    bench = _bench()
     rows = [
         _row("topk", "radix", 131072, 64, 1, 0.050, torch_ms=0.178),  # 3.56x, 50 us
         _row("topk", "radix-8bit", 131072, 64, 1, 0.055, torch_ms=0.178),
@@ -83,9 +90,7 @@ def test_mixed_batches():
 
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import bench_dsa_indexer as bench
-
+    bench = _bench()
     args = argparse.Namespace(dtype="bf16", heads=64, head_dim=128, topk=2048, mixed_short=4096)
     assert bench.seq_lens_of(131072, 3, args) == [131072, 4096, 4096]
     mixed, uniform = bench.op_costs(131072, 3, 1, args), bench.op_costs(131072, 3, 1, argparse.Namespace(

@@ -97,8 +97,8 @@ def _row_meta_kernel(
     PAGED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Request and causal key count of every query row, in one launch: what `torch.searchsorted`
-    and a handful of index ops would compute in ten."""
+    """Request and causal key count of every query row, in one launch (in PyTorch: `arange`,
+    `searchsorted` and a dozen index and arithmetic ops, each a launch)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < num_rows
     if q_per_req > 0:
@@ -435,6 +435,10 @@ class _Rows:
     block_table: torch.Tensor | None = None
     page: int = 1
 
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
+
     def pointers(self) -> tuple:
         """(cu_q, kv, block_table, its row stride); `kv` stands in where a constexpr branch
         never reads."""
@@ -443,7 +447,7 @@ class _Rows:
                 self.kv if bt is None else bt, 0 if bt is None else bt.stride(0))
 
     def constexprs(self) -> dict:
-        return dict(PAGED=self.block_table is not None, PAGE=self.page)
+        return dict(PAGED=self.paged, PAGE=self.page)
 
 
 def _launch_logits(q, w, k, k_scale, out, rows: _Rows, *, group, block_s=None, block_t=None,
@@ -569,7 +573,7 @@ def _row_meta(rows: _Rows, num_rows: int):
         cu_q, kv, _, _ = rows.pointers()
         _row_meta_kernel[(triton.cdiv(num_rows, block),)](
             cu_q, kv, req, length, num_rows, rows.num_reqs, rows.num_reqs.bit_length(),
-            rows.q_per_req, PAGED=rows.block_table is not None, BLOCK=block,
+            rows.q_per_req, PAGED=rows.paged, BLOCK=block,
         )
     return req, length
 
@@ -638,15 +642,16 @@ def _check_path(group, chunk):
         raise ValueError(f"group={group} and chunk={chunk}: choose one fused path")
 
 
-def _indexer_topk(q, w, k, k_scale, rows: _Rows, topk, logits_fn, *, group, chunk, block_s):
-    """The three paths on flattened rows `q [T, H, D]` -> `[T, topk]`; `logits_fn()` materialises
-    the logits `[T, width]` for the unfused one, whose top-k scans only each row's causal prefix."""
+def _indexer_topk(q, w, k, k_scale, rows: _Rows, topk, *, group, chunk, block_s):
+    """The three paths on flattened rows `q [T, H, D]` -> `[T, topk]`; the unfused one
+    materialises the logits `[T, width]` and its top-k scans only each row's causal prefix."""
     if chunk is not None:
         return _chunk_topk(q, w, k, k_scale, rows, topk, chunk=chunk, block_s=block_s)
     group = choose_group(rows.width, topk) if group is None else group
     if group:
         return _fused_topk(q, w, k, k_scale, rows, topk, group=group, block_s=block_s)
-    logits = logits_fn()
+    logits = torch.empty(q.shape[0], rows.width, dtype=torch.float32, device=q.device)
+    _launch_logits(q, w, k, k_scale, logits, rows, group=1, block_s=block_s)
     return topk_triton(logits, topk, lengths=_row_meta(rows, q.shape[0])[1])
 
 
@@ -665,11 +670,8 @@ def indexer_topk_prefill_triton(
     _check_varlen(q, cu_seqlens_q, cu_seqlens_k)
     _check_path(group, chunk)
     rows = _prefill_rows(cu_seqlens_q, cu_seqlens_k, max_q_len, max_kv_len)
-    return _indexer_topk(
-        q, weights, k, k_scale, rows, topk, lambda: _launch_logits(
-            q, weights, k, k_scale, torch.empty(q.shape[0], rows.width, dtype=torch.float32,
-                                                device=q.device), rows, group=1, block_s=block_s),
-        group=group, chunk=chunk, block_s=block_s)
+    return _indexer_topk(q, weights, k, k_scale, rows, topk, group=group, chunk=chunk,
+                         block_s=block_s)
 
 
 def indexer_topk_decode_triton(
@@ -683,9 +685,6 @@ def indexer_topk_decode_triton(
     _check_paged(q, k_cache, block_table, seq_lens)
     _check_path(group, chunk)
     rows = _decode_rows(q, k_cache, block_table, seq_lens, max_seq_len)
-    out = _indexer_topk(
-        q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, rows, topk,
-        lambda: indexer_logits_decode_triton(q, k_cache, weights, block_table, seq_lens, k_scale,
-                                             rows.width, block_s=block_s).flatten(0, 1),
-        group=group, chunk=chunk, block_s=block_s)
+    out = _indexer_topk(q.flatten(0, 1), weights.flatten(0, 1), k_cache, k_scale, rows, topk,
+                        group=group, chunk=chunk, block_s=block_s)
     return out.view(*q.shape[:2], topk)
