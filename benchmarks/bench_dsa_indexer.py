@@ -138,7 +138,7 @@ def roofline_ms(bytes_, flops, peaks) -> float:
 def seq_lens_of(ctx, batch, args) -> list[int]:
     """Keys per request: `ctx` each, or (`--mixed-short`) `ctx` for request 0 and fewer for the
     rest: one long request among short ones, the mix a DSA decode batch sees."""
-    short = min(args.mixed_short, ctx) if getattr(args, "mixed_short", 0) else ctx
+    short = min(args.mixed_short, ctx) if args.mixed_short else ctx
     return [ctx] + [short] * (batch - 1)
 
 
