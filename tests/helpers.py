@@ -104,7 +104,7 @@ def write(draft: DSparkDraft, path, fmt="specx") -> str:
 
 def reference_drafts(target, draft: DSparkDraft, prefix: list[int], anchor: int, n: int) -> list[int]:
     taps = target_taps(target, torch.tensor([prefix]), draft.cfg.target_layer_ids)[0]
-    return draft.greedy_drafts(taps, anchor, n)
+    return draft.greedy_drafts(taps, anchor, n, tokens=torch.tensor(prefix))
 
 
 def write_eagle3_head(target, path, taps=(1, 4, 6), seed=0) -> str:

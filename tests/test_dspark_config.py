@@ -73,8 +73,9 @@ def test_format_version_is_read_and_checked():
     with pytest.raises(ValueError, match="missing required field 'specx.format_version'"):
         read_config(raw, "d/config.json")
     assert read_config(_specx_raw(format_version=1)) == good()  # committed drafts are version 1
-    with pytest.raises(ValueError, match="d/config.json: specx.format_version 3 is not supported"):
-        read_config(_specx_raw(format_version=3), "d/config.json")
+    assert read_config(_specx_raw(format_version=3)) == good()  # 3 added the next-token stream
+    with pytest.raises(ValueError, match="d/config.json: specx.format_version 4 is not supported"):
+        read_config(_specx_raw(format_version=4), "d/config.json")
 
 
 def test_a_bad_value_on_disk_names_the_file():

@@ -217,7 +217,7 @@ CASES: dict[str, Case] = {
     "missing-required-field": Case("dspark", r"config\.json: missing required field 'markov_rank'",
                                    drop_specx("markov_rank")),
     "unknown-specx-field": Case("dspark", r"config\.json: unknown field\(s\) \['specx\.bogus'\]", specx(bogus=1)),
-    "future-format-version": Case("dspark", r"specx\.format_version 3 is not supported", specx(format_version=3)),
+    "future-format-version": Case("dspark", r"specx\.format_version 4 is not supported", specx(format_version=4)),
     "unknown-markov-head": Case("dspark", r"markov_head_type 'lstm' not one of", specx(markov_head_type="lstm")),
     "mask-token-outside-vocab": Case("dspark", r"mask_token_id 4096 outside vocab_size 4096",
                                      specx(mask_token_id=4096)),

@@ -39,7 +39,11 @@ def _check_drafts_match_reference(llm, target, draft, prompt, n):
 # covers the fill-in layout here ("recipe-fill-in") and speculators checkpoints in vLLM in
 # test_speculators_vllm.py.
 CASES = {"specx": ("specx", True, {}), "speculators": ("speculators", False, {}),
-         "recipe-fill-in": ("specx", False, RECIPE)}
+         "recipe-fill-in": ("specx", False, RECIPE),
+         # the next-token stream: each context row's x_{t+1} (the bonus token for the last accepted
+         # row) built by the proposer; fused into the context, and added beside per-layer mixtures
+         "next-token-fused": ("specx", True, {"next_token_stream": "fused"}),
+         "next-token-added-fusion": ("specx", True, {"next_token_stream": "added", "per_layer_fusion": True})}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c == "speculators" else c

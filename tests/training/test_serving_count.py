@@ -29,9 +29,14 @@ def test_walk_jumps_past_each_accepted_run():
 def test_served_tau_is_one_plus_accepted_per_pass(monkeypatch):
     fake = [(3, 12, {3: 2, 4: 7, 5: 7, 6: 0, 7: 3, 8: 7, 9: 7, 10: 1}), (2, 5, {2: 0, 3: 0})]
     monkeypatch.setattr(serving_count, "accepted_lengths", lambda *a, **k: fake)
-    got = serving_count.served_tau(None, None, None, type("A", (), {"anchors": 4, "batch": 2}), "cpu", None, 4)
+    # copyable anchors (x_a seen before and followed then by x_{a+1}): 3 and 6 of the first answer
+    # (5 -> 6 both times), 2 and 3 of the second; the first draft hits at 3 only
+    samples = [{"ids": torch.tensor([5, 6, 7, 5, 6, 9, 5, 6, 1, 2, 3, 4])}, {"ids": torch.tensor([1] * 5)}]
+    got = serving_count.served_tau(None, None, samples, type("A", (), {"anchors": 4, "batch": 2}), "cpu", None, 4)
     assert got["served_passes"] == 5 and got["tau_served"] == pytest.approx(1 + 5 / 5)
     assert got["served_acc_per_pos"] == [0.4, 0.4, 0.2, 0.0]
+    assert (got["copyable_anchors"], got["other_anchors"]) == (4, 6)
+    assert got["first_hit_copyable"] == 0.25 and got["first_hit_other"] == 1.0
 
 
 @pytest.fixture(scope="module")

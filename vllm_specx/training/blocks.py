@@ -56,13 +56,22 @@ def data_vocab(data, size: int, vocab_size: int, exclude: tuple[int, ...] = ()) 
     return ids
 
 
+ANCHOR_DRAWS = ("replace", "unique")
+
+
 def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int, anchors: int,
                n: int, mask_id: int, q: int | None = None,
-               at: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
+               at: list[list[int]] | None = None, draw: str = "replace") -> dict[str, torch.Tensor]:
     """Crop `batch` sequences to `seq_len` and place `anchors` random blocks in each (see
     `assemble`). With `at` (one anchor list per sample, equal lengths): every sample of `samples`
     whole, its blocks at those anchors (`serving_count`; `rng`, `batch`, `seq_len` and `anchors`
-    unused)."""
+    unused).
+
+    `draw` says where the anchors fall (`anchor_positions`): "replace" (every method's trainer
+    before the choice: drawn with replacement, from the last prompt token on, blocks may run past
+    the crop), "unique" (the references' way: without replacement, only generated tokens, whole
+    blocks; `anchors` 0 takes every such position).
+    """
     if at is not None:
         crops = [{k: s[k] for k in ("ids", "taps", "topk_ids", "topk_logp") if k in s} for s in samples]
         return assemble(crops, [list(a) for a in at], max(len(c["ids"]) for c in crops), n, mask_id, q)
@@ -73,9 +82,36 @@ def make_batch(samples: list[dict], rng: random.Random, batch: int, seq_len: int
         start = rng.randint(min(max(0, p - seq_len // 2), hi_start), hi_start)  # mostly generated text
         crop = slice(start, start + seq_len)
         crops.append({k: s[k][crop] for k in ("ids", "taps", "topk_ids", "topk_logp") if k in s})
-        lo, hi = max(1, p - 1 - start), min(total - start, seq_len) - 2  # a >= 1 context row; a+1 in crop
-        anc.append(sorted(rng.randint(lo, max(lo, hi)) for _ in range(anchors)))
+        anc.append(anchor_positions(rng, p - start, min(total - start, seq_len), anchors, n, draw))
+    if draw == "unique":  # equal counts per sequence: pad with blocks that carry no target
+        m = max(len(a) for a in anc)
+        anc = [a + [-1] * (m - len(a)) for a in anc]
     return assemble(crops, anc, seq_len, n, mask_id, q)
+
+
+def anchor_positions(rng: random.Random, prompt_end: int, length: int, anchors: int, n: int,
+                     draw: str) -> list[int]:
+    """Sorted anchor positions in a crop of `length` tokens whose generated part starts at
+    `prompt_end` (may be <= 0), for blocks of `n` targets.
+
+    "replace": `anchors` draws with replacement from [max(1, prompt_end - 1), length - 2] (the
+    last prompt token may anchor; a block may run past the crop, its missing targets unscored).
+    "unique": without replacement from [max(1, prompt_end), length - 1 - n] (an anchor is a
+    generated token, as in serving, and every block is whole), all of them when `anchors` is 0
+    or the range is shorter; a crop too short for one whole block falls back to its last
+    generated positions."""
+    if draw == "replace":
+        lo, hi = max(1, prompt_end - 1), length - 2
+        return sorted(rng.randint(lo, max(lo, hi)) for _ in range(anchors))
+    if draw != "unique":
+        raise ValueError(f"anchor draw {draw!r} not one of {list(ANCHOR_DRAWS)}")
+    lo, hi = max(1, prompt_end), length - 1 - n
+    if hi < lo:
+        hi = length - 2
+    cands = range(lo, max(lo, hi) + 1)
+    if anchors and anchors < len(cands):
+        return sorted(rng.sample(cands, anchors))
+    return list(cands)
 
 
 def assemble(crops: list[dict], anchors: list[list[int]], seq_len: int, n: int, mask_id: int,
@@ -88,11 +124,14 @@ def assemble(crops: list[dict], anchors: list[list[int]], seq_len: int, n: int, 
     Args:
         crops: per sequence {"ids": [T], "taps": [T, n_taps*H], optional "topk_ids"/"topk_logp"
             [T, K]}, T <= seq_len (right-padded here).
-        anchors: per sequence, M anchor positions (1 <= a, a + 1 < T).
+        anchors: per sequence, M anchor positions (1 <= a, a + 1 < T); -1 marks a padding
+            block (its targets are all -100).
     Returns tensors: taps [B, S, n_taps*H], ids [B, S] (-100 = padding), anchors [B, M], block_ids/pos [B, M*q],
     targets/prev [B, M, n] (-100 = no loss), and topk_ids/topk_logp [B, M, n, K] when given.
     """
     q = n + 1 if q is None else q
+    pad_block = torch.tensor(anchors) < 0  # [B, M]: padding blocks (`make_batch`'s "unique" draw)
+    anchors = [[max(a, 1) for a in row] for row in anchors]
     taps, ids = [], []
     for c in crops:
         x, pad = c["ids"], seq_len - len(c["ids"])
@@ -106,7 +145,7 @@ def assemble(crops: list[dict], anchors: list[list[int]], seq_len: int, n: int, 
     tgt_pos = anc[..., None] + 1 + torch.arange(n)  # [B, M, n]
     in_range = tgt_pos < ids.shape[1]
     tpos = tgt_pos.clamp(max=ids.shape[1] - 1)
-    targets = torch.where(in_range, ids.gather(1, tpos.flatten(1)).view_as(tpos), -100)
+    targets = torch.where(in_range & ~pad_block[..., None], ids.gather(1, tpos.flatten(1)).view_as(tpos), -100)
     prev = ids.gather(1, (tpos - 1).flatten(1)).view_as(tpos).clamp(min=0)
     out = {"taps": torch.stack(taps), "ids": ids, "anchors": anc, "block_ids": block_ids.clamp(min=0),
            "pos": pos, "targets": targets, "prev": prev}

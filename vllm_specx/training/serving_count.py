@@ -25,7 +25,7 @@ generated tokens and checks the last pass against the rest, which is vLLM's coun
 (`tests/e2e/test_serving_count.py`: within 3 %).
 
 The accepted length m(a) is computed for every anchor of an answer (`accepted_lengths`), blocks
-of `--anchors` anchors at a time, `--batch` blocks per forward, with the method's own trainer
+of `--anchors` anchors (at most 24) at a time, `--batch` blocks per forward, with the method's own trainer
 hooks (`batch(..., at=anchors)`, `forward`), so it needs nothing a method does not already have.
 """
 
@@ -100,12 +100,37 @@ def served_tau(h, model, samples, args, device, autocast, k: int, max_new: int |
     """`tau_served` (1 + accepted / passes over every answer of `samples`, walked as serving
     walks it, serving stopped after `max_new` generated tokens when given), `served_acc_per_pos`
     (accepted / passes at each draft position) and the pass count."""
-    m = accepted_lengths(h, model, samples, k, args.anchors, args.batch, device, autocast, args)
+    # blocks of at most 24 anchors a forward, whatever the run trained with (--anchors 0: all)
+    m = accepted_lengths(h, model, samples, k, min(args.anchors or 24, 24), args.batch, device, autocast, args)
     passes, per_pos = 0, [0] * k
     for prompt_len, length, acc in m:
         p, pos = walk(prompt_len, length, acc, k, max_new)
         passes += p
         per_pos = [x + y for x, y in zip(per_pos, pos)]
+    split = [0, 0, 0, 0]  # copyable anchors, their first-draft hits, other anchors, their hits
+    for i, (prompt_len, _, acc) in enumerate(m):
+        for j, x in enumerate(copy_split(samples[i]["ids"].tolist(), acc)):
+            split[j] += x
     return {"tau_served": round(1 + sum(per_pos) / max(1, passes), 4),
             "served_acc_per_pos": [round(x / max(1, passes), 4) for x in per_pos],
-            "served_passes": passes}
+            "served_passes": passes,
+            "first_hit_copyable": round(split[1] / max(1, split[0]), 4),
+            "first_hit_other": round(split[3] / max(1, split[2]), 4),
+            "copyable_anchors": split[0], "other_anchors": split[2]}
+
+
+def copy_split(ids: list[int], accepted: dict[int, int]) -> tuple[int, int, int, int]:
+    """The first draft's hits at every anchor a of `accepted` (teacher-forced: {a: drafts
+    accepted}), split by whether the anchor is "copyable": the last earlier occurrence j < a of
+    x_a was followed by x_{a+1} (x_{j+1} = x_{a+1}), so a copy from the context is right.
+    Returns (copyable anchors, their hits, other anchors, their hits)."""
+    last: dict[int, int] = {}
+    out = [0, 0, 0, 0]
+    for a in range(len(ids) - 1):
+        if a in accepted:
+            j = last.get(ids[a])
+            k = 0 if j is not None and ids[j + 1] == ids[a + 1] else 2
+            out[k] += 1
+            out[k + 1] += int(accepted[a] >= 1)
+        last[ids[a]] = a
+    return tuple(out)

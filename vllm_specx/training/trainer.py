@@ -722,7 +722,7 @@ def save(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> dict:
     return the record without the evaluations and write nothing)."""
     from vllm_specx.training.data import COMMANDS_FILE, load_samples
 
-    evaluated = {}
+    evaluated, train_s = {}, round(run.elapsed(), 1)  # the training alone: before the evaluations
     if d.main:
         for folder, m in data.evals:
             evaluated[folder.name] = evaluate(run.h, run.model, load_samples(folder), cfg, d.device, run.autocast,
@@ -736,7 +736,8 @@ def save(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> dict:
               **({"unseen_by_excluded": len(samples) - len(data.pool)} if cfg.unseen_by else {}),
               "train_samples": len(data.train), "val_samples": len(data.val),
               "val_prompt_ids": [samples.index[i][1] for i in data.val_idx],
-              "wall_s": round(run.elapsed(), 1), "log": run.log,
+              "wall_s": round(run.elapsed(), 1), "train_s": train_s,
+              "trainable_params": sum(p.numel() for p in run.params), "log": run.log,
               **({"eval": evaluated} if data.evals and d.main else {}),
               "world_size": d.world, **({"torchrun_command": torchrun_command(cfg, d)} if d.world > 1 else {})}
     if d.main:

@@ -50,10 +50,13 @@ from vllm_specx.methods.dspark.config import (
 )
 
 METHOD_NAME = "dspark"
-# Of the vllm-specx format; bump when its meaning changes, and read both. 2 added the full
-# recipe's switches (`RECIPE_SWITCHES`); a version-1 block must not carry them.
-FORMAT_VERSION = 2
-READS_VERSIONS = (1, 2)
+# Of the vllm-specx format; bump when its meaning changes, and read every version. 2 added the
+# full recipe's switches (`RECIPE_SWITCHES`); a version-1 block must not carry them. 3 added the
+# next-token stream (`next_token_stream`): a block below 3 must not carry it, and a draft without
+# the stream is still written as version 2 (so a reader that predates version 3 reads it).
+FORMAT_VERSION = 3
+READS_VERSIONS = (1, 2, 3)
+_SINCE = {"next_token_stream": 3, **{k: 2 for k in RECIPE_SWITCHES}}
 SPECX_FIELDS = ("method", "format_version", "target_layer_ids", "target_hidden_size", *DRAFT_OPTIONS,
                 "draft_vocab_size")
 
@@ -79,10 +82,10 @@ def read_config(raw: dict[str, Any], where: str = "config.json") -> DSparkDraftC
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {['specx.' + k for k in unknown]} in a DSpark "
                          f"draft (known: {list(SPECX_FIELDS)})")
-    newer = [k for k in RECIPE_SWITCHES if k in specx]
-    if specx["format_version"] == 1 and newer:
-        raise ValueError(f"{where}: specx.{newer[0]} needs format_version 2 (version 1 has no "
-                         "full-recipe switches)")
+    newer = [k for k in _SINCE if k in specx and specx["format_version"] < _SINCE[k]]
+    if newer:
+        raise ValueError(f"{where}: specx.{newer[0]} needs format_version {_SINCE[newer[0]]} (version "
+                         f"{specx['format_version']} has no such field)")
     return build_config(raw, specx, "specx", where, specx.get("target_layer_ids"))
 
 
@@ -102,7 +105,7 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkDraftConfig:
             f"{where}: missing required field 'sample_from_anchor' (speculators 0.9.0 defaults it "
             f"to true, vLLM's speculators translator to false; set it explicitly)")
     opts = {k: v for k, v in raw.items()
-            if k not in ("causal", "confidence_head", "sliding_window") + RECIPE_SWITCHES}
+            if k not in ("causal", "confidence_head", "sliding_window", "next_token_stream") + RECIPE_SWITCHES}
     opts["causal"], opts["sliding_window"] = _speculators_attention(layer, raw, where)
     if raw.get("enable_confidence_head", True):
         opts["confidence_head"] = ("hidden+markov" if raw.get("confidence_head_with_markov", True)
@@ -155,11 +158,13 @@ def save_specx(draft, path: str | Path, extra: dict | None = None, dtype: torch.
     config = {
         "architectures": [SPECX_DSPARK_ARCH], **layer_config(c), "torch_dtype": dtype_name(dtype),
         "specx": {
-            "method": METHOD_NAME, "format_version": FORMAT_VERSION,
+            "method": METHOD_NAME, "format_version": FORMAT_VERSION if c.next_token_stream else 2,
             "target_layer_ids": list(c.target_layer_ids),
             "target_hidden_size": c.target_hidden_size,
-            # lm_head_from_target only when set: a reader older than the field still reads the rest
-            **{k: getattr(c, k) for k in DRAFT_OPTIONS if k != vocab.FROM_TARGET or c.lm_head_from_target},
+            # lm_head_from_target and next_token_stream only when set: a reader older than the
+            # field still reads the rest
+            **{k: getattr(c, k) for k in DRAFT_OPTIONS
+               if k not in (vocab.FROM_TARGET, "next_token_stream") or getattr(c, k)},
             **({"draft_vocab_size": c.draft_vocab_size} if c.reduced_vocab else {}),
             **(extra or {}),
         },
@@ -173,6 +178,10 @@ def save_speculators(draft, path: str | Path, verifier: str) -> None:
     if [k for k in RECIPE_SWITCHES if getattr(c, k)]:
         raise ValueError(f"the speculators format has no field for {', '.join(c.recipe)}: save this "
                          "draft in the vllm-specx format")
+    if c.next_token_stream:
+        raise ValueError("the speculators format has no next-token stream (its DSpark context rows "
+                         "hold the fused taps alone; speculators and vLLM's own DSpark would load the "
+                         "draft without it and draft wrongly): save this draft in the vllm-specx format")
     layer = layer_config(c)
     if c.sliding_window is not None:
         layer.update(layer_types=["sliding_attention"] * c.num_hidden_layers,

@@ -15,6 +15,10 @@ SPECX_DSPARK_ARCH = "SpecxDSparkModel"
 SOURCE_FORMATS = ("specx", "speculators")
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 CONFIDENCE_HEADS = (None, "hidden", "hidden+markov")
+# How a context row carries the realised next token x_{t+1} (`model.py`): not at all (None, every
+# draft before the field), inside the context projection ("fused", before hidden_norm) or added to
+# the normed context ("added").
+NEXT_TOKEN_STREAMS = (None, "fused", "added")
 # The full recipe: each switch on, plus the recurrent Markov head (see `RECIPE`).
 RECIPE_SWITCHES = ("final_layer_tap", "per_layer_fusion", "slot_queries")
 REQUIRED = object()
@@ -25,6 +29,7 @@ DRAFT_OPTIONS: dict[str, Any] = {
     "block_size": REQUIRED, "mask_token_id": REQUIRED, "markov_rank": REQUIRED,
     "sample_from_anchor": True, "causal": False, "markov_head_type": "vanilla", "confidence_head": None,
     "sliding_window": None, **{k: False for k in RECIPE_SWITCHES}, "lm_head_from_target": False,
+    "next_token_stream": None,
 }
 RECIPE = {"final_layer_tap": True, "per_layer_fusion": True, "slot_queries": True,
           "markov_head_type": "rnn"}
@@ -83,6 +88,11 @@ class DSparkDraftConfig:
         lm_head_from_target: a reduced draft vocabulary whose `lm_head` rows are exactly the
             target's at `d2t` leaves them out of the checkpoint; loaders take them from the
             target's LM head (`vllm_specx.vocab`). Refused without a reduced vocabulary.
+        next_token_stream: None, "fused" or "added": each context row t also carries the realised
+            next token x_{t+1} (EAGLE-3's and MTP's copy path), as s_t = W_e tn(embed(x_{t+1}))
+            (`next_token_norm`, `next_token_proj`; the target's frozen embedding): "fused" adds s_t
+            to fc(taps_t) before hidden_norm, "added" to hn(fc(taps_t)) after it. None: the rows
+            hold the taps alone (every draft written before the field).
     """
 
     source_format: str
@@ -110,6 +120,7 @@ class DSparkDraftConfig:
     per_layer_fusion: bool = False
     slot_queries: bool = False
     lm_head_from_target: bool = False
+    next_token_stream: str | None = None
 
     def __post_init__(self) -> None:
         def fail(msg: str):
@@ -128,6 +139,8 @@ class DSparkDraftConfig:
                 fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             fail(f"markov_head_type {self.markov_head_type!r} not one of {list(MARKOV_HEAD_TYPES)}")
+        if self.next_token_stream not in NEXT_TOKEN_STREAMS:
+            fail(f"next_token_stream {self.next_token_stream!r} not one of {list(NEXT_TOKEN_STREAMS)}")
         if self.confidence_head not in CONFIDENCE_HEADS:
             fail(f"confidence_head {self.confidence_head!r} not one of {list(CONFIDENCE_HEADS)}")
         w = self.sliding_window
@@ -219,6 +232,7 @@ class DSparkDraftConfig:
                 f"taps {list(self.target_layer_ids)}, {self.markov_head_type} Markov head"
                 + (f", draft vocabulary {self.draft_vocab_size} of {self.vocab_size}" if self.reduced_vocab else "")
                 + (" (LM head rows from the target)" if self.lm_head_from_target else "")
+                + (f", next-token stream ({self.next_token_stream})" if self.next_token_stream else "")
                 + (f", recipe: {', '.join(self.recipe)}" if self.recipe else ""))
 
     def check_target(self, target: dict[str, Any], num_speculative_tokens: int | None) -> None:
@@ -277,6 +291,8 @@ class DSparkDraftConfig:
             shapes.update({"d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
             if not self.lm_head_from_target:
                 shapes["lm_head.weight"] = (self.draft_vocab_size, h)
+        if self.next_token_stream:
+            shapes.update({"next_token_norm.weight": (h,), "next_token_proj.weight": (h, h)})
         if self.per_layer_fusion:
             shapes["fusion_logits"] = (self.num_hidden_layers, len(self.target_layer_ids))
         if self.slot_queries:

@@ -36,6 +36,17 @@ The full recipe (each a switch in `DSparkDraftConfig`; all off = the baseline ab
 * recurrent head: markov_head_type "rnn" (`MarkovHead`): a state carried across the block's
   slots, stepped by `sequential_drafts` in serving as in training.
 
+The next-token stream (`next_token_stream`, not part of the recipe): context row t also carries
+the realised next token x_{t+1} (known for every verified row; for row a - 1 it is the anchor),
+the copy path EAGLE-3's and MTP's context rows have:
+
+    s_t = W_e tn(embed(x_{t+1}))          tn = next_token_norm (RMSNorm), W_e = next_token_proj
+    "fused": layer context hn(c_t + s_t)  (inside the context projection, before hidden_norm)
+    "added": layer context hn(c_t) + s_t  (beside the normed taps)
+
+with c_t the layer's fused taps (fc(taps_t), or its per-layer mixture). The `next_ids` arguments give
+x_{t+1} per context row (`next_ids_of` builds them).
+
 This is exactly what `proposer.DSparkProposer` + `vllm_model.SpecxDSparkForCausalLM` compute inside
 vLLM; both use `MarkovHead` and `sequential_drafts` from here, so the head and the left-to-right
 draft loop are written once.
@@ -255,25 +266,45 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
             self.fusion_logits = nn.Parameter(torch.zeros(cfg.num_hidden_layers, len(cfg.target_layer_ids)))
         if cfg.slot_queries:  # every row the mask embedding: the baseline's query slots
             self.slot_queries = nn.Parameter(self.embed[cfg.mask_token_id].float().repeat(cfg.block_size - 1, 1))
+        if cfg.next_token_stream is not None:
+            self.next_token_norm = RMSNorm(h, cfg.rms_norm_eps)
+            self.next_token_proj = nn.Linear(h, h, bias=False)
 
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
         """The vanilla head's bias `W2 W1[prev]` (other head types: `markov_head.step`)."""
         return self.markov_head(prev)
 
-    def contexts(self, taps: torch.Tensor) -> list[torch.Tensor]:
+    def next_token_state(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """s_t = W_e tn(embed(x_{t+1})) [..., H] of the next-token stream, next_ids [...]."""
+        return self.next_token_proj(self.next_token_norm(self.embed[next_ids.long()]))
+
+    def contexts(self, taps: torch.Tensor, next_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Each draft layer's normed context [..., H] from taps [..., n_taps * Ht]: hn(fc(taps))
-        for every layer, or per layer hn(sum_t w_{l,t} c_t) with per_layer_fusion."""
+        for every layer, or per layer hn(sum_t w_{l,t} c_t) with per_layer_fusion; with the
+        next-token stream, s_t of next_ids [...] (x_{t+1} per row) fused or added (module doc)."""
+        mode = self.cfg.next_token_stream
+        if mode is not None and next_ids is None:
+            raise ValueError("this DSpark draft has a next-token stream: its context rows need the "
+                             "next token of every row (next_ids)")
         if not self.cfg.per_layer_fusion:
-            return [self.hidden_norm(self.fc(taps))] * self.cfg.num_hidden_layers
-        c = tap_contributions(taps, self.fc.weight, len(self.cfg.target_layer_ids))
-        return [self.hidden_norm(x) for x in layer_contexts(c, self.fusion_logits)]
+            fused = [self.fc(taps)]
+        else:
+            c = tap_contributions(taps, self.fc.weight, len(self.cfg.target_layer_ids))
+            fused = list(layer_contexts(c, self.fusion_logits))
+        if mode is None:
+            out = [self.hidden_norm(x) for x in fused]
+        else:
+            st = self.next_token_state(next_ids).to(fused[0].dtype)
+            out = ([self.hidden_norm(x + st) for x in fused] if mode == "fused"
+                   else [self.hidden_norm(x) + st for x in fused])
+        return out * self.cfg.num_hidden_layers if len(out) == 1 else out
 
     def slot_embeds(self, ids: torch.Tensor, slots: int) -> torch.Tensor:
         """Embeddings [B, Q, H] of query ids [B, Q] laid out as blocks of `slots` slots."""
         h = self.embed[ids]
         return with_slot_queries(h, self.slot_queries, slots) if self.cfg.slot_queries else h
 
-    def block_states(self, taps, ctx_pos, ids, pos, mask, slots: int):
+    def block_states(self, taps, ctx_pos, ids, pos, mask, slots: int, next_ids=None):
         """Post-norm hidden states of the query slots.
 
         Args:
@@ -281,11 +312,12 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
             ctx_pos: [B, T] their positions.
             ids, pos: [B, Q] query-slot token ids and positions, blocks of `slots` slots.
             mask: [B, Q, T + Q] bool, True where a query may attend (context keys, then slots).
+            next_ids: [B, T] x_{t+1} of each context row (read by the next-token stream only).
         Returns:
             [B, Q, H].
         """
         h = self.slot_embeds(ids, slots)
-        for layer, ctx in zip(self.layers, self.contexts(taps)):
+        for layer, ctx in zip(self.layers, self.contexts(taps, next_ids)):
             k, v = layer.kv(ctx, ctx_pos)
             h = layer(h, pos, k, v, mask)
         return self.norm(h)
@@ -315,28 +347,39 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
         return self.confidence_head(h.detach() if detach else h)
 
     @torch.no_grad()
-    def query_states(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
+    def query_states(self, taps: torch.Tensor, anchor: int, num_drafts: int,
+                     tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Post-norm states [Q, H] of the Q = `cfg.query_slots(num_drafts)` slots of one request's
         pass, as vLLM runs it: context = taps [T, n*Ht] at positions 0..T-1, block
-        [anchor, mask, ...] at positions T..T+Q-1."""
+        [anchor, mask, ...] at positions T..T+Q-1. tokens: the context's ids x_0..x_{T-1} [T]
+        (the next-token stream reads x_1..x_{T-1} and the anchor; unused without it)."""
         t, q = taps.shape[0], self.cfg.query_slots(num_drafts)
         dev = taps.device
         ids = torch.full((1, q), self.cfg.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = anchor
         pos = torch.arange(t, t + q, device=dev)[None]
         mask = block_mask(torch.tensor([[t]], device=dev), t, q, self.cfg.causal, self.cfg.sliding_window)
-        return self.block_states(taps[None], torch.arange(t, device=dev)[None], ids, pos, mask, q)[0]
+        nxt = None
+        if self.cfg.next_token_stream is not None:
+            if tokens is None or len(tokens) != t:
+                raise ValueError(f"this DSpark draft has a next-token stream: give the context's {t} "
+                                 "token ids (tokens)")
+            nxt = next_ids_of(torch.as_tensor(tokens, device=dev)[None], ids[:, :1])
+        return self.block_states(taps[None], torch.arange(t, device=dev)[None], ids, pos, mask, q, nxt)[0]
 
     @torch.no_grad()
-    def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> torch.Tensor:
+    def base_logits(self, taps: torch.Tensor, anchor: int, num_drafts: int,
+                    tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Base logits [N, V] of the N sample slots for one request (see `query_states`), before
         the Markov correction."""
-        return self.query_states(taps, anchor, num_drafts)[self.cfg.slot_offset:] @ self.lm_head.t()
+        return self.query_states(taps, anchor, num_drafts, tokens)[self.cfg.slot_offset:] @ self.lm_head.t()
 
     @torch.no_grad()
-    def draft(self, taps: torch.Tensor, anchor: int, num_drafts: int, pick=None):
-        """Reference drafts for one request: (ids [N], distributions [N, V] or None)."""
-        h = self.query_states(taps, anchor, num_drafts)
+    def draft(self, taps: torch.Tensor, anchor: int, num_drafts: int, pick=None,
+              tokens: torch.Tensor | None = None):
+        """Reference drafts for one request: (ids [N], distributions [N, V] or None); tokens: the
+        context's ids (see `query_states`)."""
+        h = self.query_states(taps, anchor, num_drafts, tokens)
         o = self.cfg.slot_offset
         slots = h[o:][None]  # [1, N, H]
         a = torch.tensor([anchor], device=taps.device)
@@ -347,9 +390,16 @@ class DSparkDraft(vocab.ReferenceVocabMap, nn.Module):
         return drafts[0], (None if probs is None else probs[0])
 
     @torch.no_grad()
-    def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int) -> list[int]:
+    def greedy_drafts(self, taps: torch.Tensor, anchor: int, num_drafts: int,
+                      tokens: torch.Tensor | None = None) -> list[int]:
         """Reference greedy drafts for one request (see `query_states`). Returns the N draft ids."""
-        return self.draft(taps, anchor, num_drafts)[0].tolist()
+        return self.draft(taps, anchor, num_drafts, tokens=tokens)[0].tolist()
+
+
+def next_ids_of(tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """x_{t+1} of every context row: tokens [B, T] (x_0..x_{T-1}), last [B, 1] (x_T, the token
+    after the last row: the anchor) -> [B, T] = tokens shifted left by one, `last` appended."""
+    return torch.cat([tokens[:, 1:], last.to(tokens.dtype)], 1)
 
 
 def reduced(draft: DSparkDraft, ids: torch.Tensor) -> DSparkDraft:

@@ -63,7 +63,7 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
         self._runner = runner
         self.adaptive = make_adaptive(vllm_config, self.num_speculative_tokens,
                                       has_head=self.dspark.confidence_head is not None)
-        self._deferred: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # skipped passes' context
+        self._deferred: list[tuple[torch.Tensor, ...]] = []  # skipped passes' context writes
         logger.info("vllm-specx: DSparkProposer active in pid %d (block %d, %s layout, %d query "
                     "slots for %d drafts, %s Markov head of rank %d, recipe: %s)", os.getpid(),
                     self.dspark.block_size, self.dspark.layout,
@@ -73,6 +73,11 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
 
     def set_inputs_first_pass(self, target_token_ids, next_token_ids, *args, **kwargs):
         self._anchor_ids = next_token_ids  # [batch] last verified token per request
+        if self.dspark.next_token_stream is not None:  # the context rows' x_{t+1}, written with them
+            cad = kwargs.get("cad", args[3] if len(args) > 3 else None)
+            rejected = kwargs.get("num_rejected_tokens_gpu", args[4] if len(args) > 4 else None)
+            self.model._next_ids = context_next_ids(target_token_ids, next_token_ids, cad.query_start_loc,
+                                                    rejected, cad.batch_size())
         self.stats["propose_calls"] += 1
         n = self.num_speculative_tokens
         slots = max(self.dspark.query_slots(n), 1)
@@ -150,7 +155,9 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
         bt = cad.block_table_tensor
         block = (pos // self.block_size).clamp(max=bt.stride(0) - 1)
         slots = bt[req, block].long() * self.block_size + pos % self.block_size
-        self._deferred.append((target_hidden_states[:n].clone(), pos.clone(), slots))
+        nxt = context_next_ids(kw["target_token_ids"][:n], kw["next_token_ids"], cad.query_start_loc,
+                               kw.get("num_rejected_tokens_gpu"), batch)
+        self._deferred.append((target_hidden_states[:n].clone(), pos.clone(), nxt, slots))
         self.stats["deferred_tokens"] = self.stats.get("deferred_tokens", 0) + n
 
     def _flush_context(self) -> None:
@@ -162,8 +169,10 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
         writes, self._deferred = drain_writes(self._deferred), []
         if writes is None:
             return
-        taps, pos, slots = writes
+        taps, pos, nxt, slots = writes
         fused = self.model.combine_hidden_states(taps)
+        if self.dspark.next_token_stream is not None:
+            self.model._next_ids = nxt
         self.model.precompute_and_store_context_kv(fused, pos, slots)
         self.stats["context_flushes"] = self.stats.get("context_flushes", 0) + 1
 
@@ -217,3 +226,24 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
                                device=dev, dtype=dtype)
             skip[r] = time_call(lambda: self.model.combine_hidden_states(taps), dev)
         return backbone, slot, skip
+
+
+def context_next_ids(target_token_ids: torch.Tensor, next_token_ids: torch.Tensor,
+                     query_start_loc: torch.Tensor, num_rejected: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """x_{t+1} of every context row of a pass (the next-token stream, `model.py`): request r's rows
+    are target_token_ids[qsl[r]:qsl[r+1]] (the tokens the target just verified, the last
+    `num_rejected[r]` of them rejected drafts); a row's next token is the row after it, and for
+    the request's last accepted row the token just sampled (`next_token_ids[r]`: the bonus token,
+    the next draft pass's anchor). A rejected row's value does not matter: it lies at or past the
+    anchor's position, which the draft's attention never reads and the next pass rewrites."""
+    n = target_token_ids.shape[0]
+    nxt = torch.empty_like(target_token_ids)
+    nxt[:-1] = target_token_ids[1:]
+    nxt[-1:] = 0
+    qsl = query_start_loc[: batch + 1].long().to(target_token_ids.device)
+    last = qsl[1:] - 1
+    if num_rejected is not None:
+        last = last - num_rejected[:batch].long().to(last.device)
+    ok = (last >= qsl[:-1]) & (last < n)  # a request with no accepted row in this pass has none to set
+    nxt[last[ok]] = next_token_ids[:batch].to(nxt.dtype)[ok]
+    return nxt

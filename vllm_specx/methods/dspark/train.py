@@ -43,7 +43,7 @@ from vllm_specx import vocab
 from vllm_specx.checkpoint import load_tensors
 from vllm_specx.methods.dspark.checkpoint import save_specx
 from vllm_specx.methods.dspark.config import DRAFT_OPTIONS, DSparkDraftConfig
-from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
+from vllm_specx.methods.dspark.model import DSparkDraft, block_mask, next_ids_of
 from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training import blocks
 from vllm_specx.training.blocks import add_draft_vocab_arg, make_batch
@@ -54,7 +54,15 @@ from vllm_specx.training.taps import select_taps
 # What a training record written before an argument existed meant by leaving it out (the
 # trainer's `--config` reads these for absent keys): the baseline, so old records re-run as they ran.
 RECORD_DEFAULTS = {"taps": "", "final_layer_tap": False, "per_layer_fusion": False,
-                   "slot_queries": False, "init_from": None, "confidence_head": None}
+                   "slot_queries": False, "init_from": None, "confidence_head": None,
+                   "next_token_stream": None, "anchor_draw": "replace"}
+
+
+def _stream(text: str) -> str | None:
+    """`--next-token-stream`'s value: none -> None (a draft without the stream), fused, added."""
+    if text not in ("none", "fused", "added"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of none, fused, added")
+    return None if text == "none" else text
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -74,7 +82,15 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="warm start from a DSpark checkpoint (ours or speculators'; e.g. a baseline "
                          "head): shared tensors copied, new ones initialised as the recipe says")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--anchors", type=int, default=24, help="blocks per sequence")
+    ap.add_argument("--anchors", type=int, default=24,
+                    help="blocks per sequence (0 with --anchor-draw unique: every valid position)")
+    ap.add_argument("--anchor-draw", default="replace", choices=list(blocks.ANCHOR_DRAWS),
+                    help="replace: drawn with replacement, the last prompt token included, blocks may "
+                         "run past the crop; unique: without replacement, generated tokens only, whole "
+                         "blocks (the references'; `training.blocks.anchor_positions`)")
+    ap.add_argument("--next-token-stream", type=_stream, default=None, metavar="{none,fused,added}",
+                    help="each context row also carries the realised next token x_{t+1}: fused into "
+                         "the context before hidden_norm, or added after it (model.py); none: taps only")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--markov-rank", type=int, default=64)
@@ -180,8 +196,10 @@ def draft_taps(args, data_taps: list[int], num_layers: int) -> tuple[int, ...]:
 
 def batch(draft: DSparkDraft, samples: list[dict], rng: random.Random, size: int, args, at=None) -> dict:
     c = draft.cfg
+    if at is None and args.anchors == 0 and getattr(args, "anchor_draw", "replace") != "unique":
+        raise SystemExit("--anchors 0 (every valid position) needs --anchor-draw unique")
     b = make_batch(samples, rng, size, args.seq_len, args.anchors, c.max_drafts, c.mask_token_id,
-                   q=c.block_size, at=at)
+                   q=c.block_size, at=at, draw=getattr(args, "anchor_draw", "replace"))
     slices, ht = getattr(draft, "tap_slices", None), c.target_hidden_size
     if slices is not None and slices != list(range(b["taps"].shape[-1] // ht)):
         b["taps"] = select_taps(b["taps"], slices, ht)
@@ -198,7 +216,10 @@ def slot_states(draft: DSparkDraft, b: dict[str, torch.Tensor]) -> tuple[torch.T
     q = b["pos"].shape[1] // m
     mask = block_mask(b["anchors"], s, q, draft.cfg.causal, draft.cfg.sliding_window)
     ctx_pos = torch.arange(s, device=b["anchors"].device).expand(bsz, s)
-    h = draft.block_states(b["taps"], ctx_pos, b["block_ids"], b["pos"], mask, q)
+    nxt = None
+    if draft.cfg.next_token_stream is not None:  # x_{t+1} of row t: every row < a is a real token
+        nxt = next_ids_of(b["ids"], b["ids"][:, -1:]).clamp(min=0)
+    h = draft.block_states(b["taps"], ctx_pos, b["block_ids"], b["pos"], mask, q, nxt)
     h = h.view(bsz, m, q, -1)
     o = draft.cfg.slot_offset
     slot_prev = b["prev"]  # [B, M, n]: prev of draft k = x_{a+k}

@@ -24,7 +24,7 @@ import torch
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm_specx import registry, vocab
-from vllm_specx.layers import rms_norm
+from vllm_specx.layers import RMSNorm, rms_norm
 from vllm_specx.methods.dspark.model import (
     ConfidenceHead,
     MarkovHead,
@@ -35,7 +35,8 @@ from vllm_specx.methods.dspark.model import (
     with_slot_queries,
 )
 
-_OURS = ("markov_head.", "confidence_head.", "fusion_logits", "slot_queries")
+_OURS = ("markov_head.", "confidence_head.", "fusion_logits", "slot_queries", "next_token_norm.",
+         "next_token_proj.")
 
 
 def grouped_rms_norm_ok() -> bool:
@@ -61,11 +62,15 @@ def _normalize_context_k_per_layer(model, all_k: torch.Tensor) -> torch.Tensor:
     return (x * model._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
 
 
-def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: int):
+def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: int,
+                                  added: torch.Tensor | None = None):
     """`DFlashQwen3Model._project_context_kv` for per-layer contexts [L, num_ctx, H] (before
-    hidden_norm): layer l's K/V come from hn(contexts[l]) -> ([L, num_ctx, nkv, hd] K, V)."""
+    hidden_norm): layer l's K/V come from hn(contexts[l]) (+ `added` [num_ctx, H], the "added"
+    next-token stream) -> ([L, num_ctx, nkv, hd] K, V)."""
     normed = rms_norm(contexts, model.hidden_norm.weight, model.hidden_norm.variance_epsilon)
     normed = normed.to(contexts.dtype)
+    if added is not None:
+        normed = normed + added.to(normed.dtype)
     kv = []
     for layer, x in zip(model.layers, normed):
         attn = layer.self_attn
@@ -98,10 +103,17 @@ class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
                 torch.zeros(cfg.num_hidden_layers, len(cfg.target_layer_ids), dtype=dtype), requires_grad=False)
             self._context_taps = None  # (fused context, raw taps) of the pass being drafted
             self._active_taps = None
-            self._install_per_layer_projection()
         if cfg.slot_queries:
             self.slot_queries = torch.nn.Parameter(
                 torch.zeros(cfg.block_size - 1, cfg.hidden_size, dtype=dtype), requires_grad=False)
+        self._next_ids = None  # x_{t+1} of the context rows about to be written (`DSparkProposer`)
+        self._active_next = None  # s_t of the rows being projected
+        if cfg.next_token_stream is not None:
+            self.next_token_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps).to(dtype).requires_grad_(False)
+            self.next_token_proj = torch.nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False,
+                                                   dtype=dtype).requires_grad_(False)
+        if cfg.per_layer_fusion or cfg.next_token_stream is not None:
+            self._install_context_projection()
         # Query slots per request in a pass; DSparkProposer sets it before every draft forward.
         self.query_slots = cfg.query_slots(vllm_config.speculative_config.num_speculative_tokens)
 
@@ -115,32 +127,55 @@ class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
         return fused
 
     def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
-        if not self.dspark.per_layer_fusion:
-            return super().precompute_and_store_context_kv(context_states, context_positions,
-                                                           context_slot_mapping)
-        pending, self._context_taps = self._context_taps, None
-        if pending is not None and pending[0] is context_states:
-            self._active_taps = pending[1]
-        elif context_slot_mapping is not None:  # a real pass whose taps we did not see: refuse
-            raise RuntimeError("vllm-specx DSpark per_layer_fusion: context states reached the draft "
-                               "without passing combine_hidden_states; cannot build per-layer contexts")
-        try:  # without taps (vLLM's dummy run: nothing is written) vLLM's shared projection runs
+        """vLLM's context K/V write, with this draft's own context rows: per-layer tap mixtures
+        (per_layer_fusion) and the next-token stream (s_t of `self._next_ids`, which the proposer
+        sets before every write; `model.py`)."""
+        c = self.dspark
+        pending_next, self._next_ids = self._next_ids, None
+        if c.next_token_stream is not None and context_slot_mapping is not None:
+            if pending_next is None or pending_next.shape[0] != context_states.shape[0]:
+                raise RuntimeError("vllm-specx DSpark next_token_stream: context rows reached the draft "
+                                   "without their next tokens; cannot build the context")
+            self._active_next = self.next_token_state(pending_next)
+        taps = None
+        if c.per_layer_fusion:
+            pending, self._context_taps = self._context_taps, None
+            if pending is not None and pending[0] is context_states:
+                taps = pending[1]
+            elif context_slot_mapping is not None:  # a real pass whose taps we did not see: refuse
+                raise RuntimeError("vllm-specx DSpark per_layer_fusion: context states reached the draft "
+                                   "without passing combine_hidden_states; cannot build per-layer contexts")
+        self._active_taps = taps
+        try:  # without taps / next tokens (vLLM's dummy run: nothing is written) vLLM's projection runs
             return super().precompute_and_store_context_kv(context_states, context_positions,
                                                            context_slot_mapping)
         finally:
-            self._active_taps = None
+            self._active_taps = self._active_next = None
 
-    def _install_per_layer_projection(self):
+    def next_token_state(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """s_t = W_e tn(embed(x_{t+1})) [n, H] of the next-token stream (`model.DSparkDraft`)."""
+        e = self.model.embed_input_ids(next_ids.long())
+        return self.next_token_proj(self.next_token_norm(e).to(self.next_token_proj.weight.dtype))
+
+    def _install_context_projection(self):
+        """Replace vLLM's fused context projection by one that builds this draft's rows (only
+        while `precompute_and_store_context_kv` has taps or next tokens for them)."""
         model, shared = self.model, self.model._project_context_kv
-        n_taps = len(self.dspark.target_layer_ids)
+        n_taps, mode = len(self.dspark.target_layer_ids), self.dspark.next_token_stream
 
         def project(context_states, num_ctx, num_layers, num_kv_heads, head_dim):
-            taps = self._active_taps
-            if taps is None:
+            taps, s = self._active_taps, self._active_next
+            if taps is None and s is None:
                 return shared(context_states, num_ctx, num_layers, num_kv_heads, head_dim)
-            c = tap_contributions(taps.to(context_states.dtype), self._fc_taps_weight, n_taps)
-            return _project_context_kv_per_layer(model, layer_contexts(c, self.fusion_logits),
-                                                 num_kv_heads, head_dim)
+            if taps is not None:
+                c = tap_contributions(taps.to(context_states.dtype), self._fc_taps_weight, n_taps)
+                contexts = layer_contexts(c, self.fusion_logits)
+            else:
+                contexts = context_states[None].expand(num_layers, *context_states.shape)
+            if s is not None and mode == "fused":
+                contexts = contexts + s.to(contexts.dtype)
+            return _project_context_kv_per_layer(model, contexts, num_kv_heads, head_dim,
+                                                 s if mode == "added" else None)
         model._project_context_kv = project
 
     # ---- per-slot learned queries ----------------------------------------------------------
