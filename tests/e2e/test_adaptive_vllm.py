@@ -63,12 +63,25 @@ def scheduled_drafts(adaptive_prompts):
     return T.scheduled_runs(T.REF_TARGET, spec, adaptive_prompts, PARAMS)
 
 
+@pytest.fixture(scope="module")
+def scheduled_stream_drafts(tmp_path_factory, target, adaptive_prompts):
+    """`scheduled_drafts` for a random draft with the next-token stream: the deferred writes must
+    carry each row's next token (the bonus token for a pass's last accepted row)."""
+    path = write(random_draft(target, next_token_stream="fused"), tmp_path_factory.mktemp("stream") / "d")
+    spec = {"method": "dspark", "model": path, "num_speculative_tokens": K, "adaptive": True,
+            "adaptive_cost_model": False, "adaptive_threshold": 0.0}
+    return T.scheduled_runs(T.REF_TARGET, spec, adaptive_prompts, PARAMS)
+
+
 @pytest.mark.full
-def test_skipped_passes_context_is_deferred_exactly(scheduled_drafts, adaptive_nospec):
+@pytest.mark.parametrize("runs", ["scheduled_drafts", "scheduled_stream_drafts"])
+def test_skipped_passes_context_is_deferred_exactly(runs, request, adaptive_nospec):
     """Skipped passes queue their context K/V and the next draft pass writes them in one batch:
     every draft pass then drafts what it drafts when each skipped pass writes at once through
     vLLM's own DFlash input path (same context, same cache). Dropping the queue (negative
-    control) changes the drafts; the output is the no-spec output in all three."""
+    control) changes the drafts; the output is the no-spec output in all three. The committed
+    draft, and a draft whose context rows carry the next-token stream."""
+    scheduled_drafts = request.getfixturevalue(runs)
     eager, deferred, lost = (scheduled_drafts[c] for c in ("eager", "deferred", "lost"))
     for outs, _, _ in (eager, deferred, lost):
         assert outs == adaptive_nospec
