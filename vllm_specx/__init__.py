@@ -11,11 +11,26 @@ _registered = False
 
 
 def register() -> None:
-    """Register vllm-specx's methods' draft architectures and install its vLLM patches (idempotent)."""
+    """Make vllm-specx's methods servable by the installed vLLM (idempotent).
+
+    vLLM 0.32 / 0.33: register the draft architectures and install the V1-runner patches
+    (`vllm_specx._vllm_compat`). vLLM 0.34: register the methods through vLLM's speculator API
+    (`vllm_specx.speculator_api`), patching nothing. Any other version: RuntimeError naming the
+    supported range (`vllm_specx.vllm_versions`).
+    """
     global _registered
     if _registered:
         return
-    from vllm_specx import _vllm_compat
+    import vllm
 
-    _vllm_compat.install()
+    from vllm_specx.vllm_versions import serving_path
+
+    if serving_path(vllm.__version__) == "v2":
+        from vllm_specx import speculator_api
+
+        speculator_api.register()
+    else:
+        from vllm_specx import _vllm_compat
+
+        _vllm_compat.install()
     _registered = True

@@ -1,0 +1,84 @@
+"""vllm-specx on vLLM >= 0.34: its methods registered through vLLM's speculator plugin API.
+
+vLLM 0.34 runs speculative decoding only on its V2 model runner and lets a plugin add a method
+with `vllm.v1.worker.gpu.spec_decode.speculator_config.register_speculative_method(name,
+config_cls)`. `register()` (called by `vllm_specx.register()` on 0.34, in every vLLM process)
+does two things for each method in `v2_methods()` (a method folder's `speculator.V2_METHOD`),
+and patches nothing in vLLM:
+
+1. registers the method's draft architecture (`SpecxDSparkModel`, ...) with vLLM's
+   `ModelRegistry`, as a model class that declares the method's `SpeculatorConfig`
+   (vLLM's `SpeculativeDraftModel` interface, `speculator_config_class`): a vllm-specx
+   checkpoint then selects our speculator by itself, under vLLM's built-in method name
+   (DSpark: `"method": "dspark"`) or with no `method` at all;
+2. registers a method name of our own (`specx_dspark`, ...; vLLM refuses to re-register its
+   built-in names) bound to the same `SpeculatorConfig`, which selects our speculator whatever
+   the checkpoint's format (e.g. a speculators-format DSpark draft that vLLM's own DSpark would
+   otherwise serve).
+
+`PATCHED` lists what this path changes inside vLLM: nothing (tests check it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# What the V2 path replaces inside vLLM: nothing (vLLM's public plugin API only).
+PATCHED: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class V2Method:
+    """One vllm-specx method on vLLM's speculator API.
+
+    Attributes:
+        name: the method name registered with vLLM (not one of vLLM's built-in names).
+        builtin: vLLM's built-in method whose setup the config inherits (`base_method`).
+        arch: the draft architecture of our checkpoints (config.json `architectures`).
+        model_cls: "module:Class" of the vLLM draft model registered for `arch`.
+        config_cls: "module.Class" of the `SpeculatorConfig` subclass.
+    """
+
+    name: str
+    builtin: str
+    arch: str
+    model_cls: str
+    config_cls: str
+
+
+# vLLM internals this module uses (the layout test reads every module's VLLM_INTERNALS_V2;
+# tests/test_vllm034.py checks that each resolves in vLLM 0.34).
+VLLM_INTERNALS_V2 = ("vllm.v1.worker.gpu.spec_decode.speculator_config:register_speculative_method",)
+
+
+def v2_methods() -> list[V2Method]:
+    """Every registered vllm-specx method that serves on vLLM >= 0.34: those whose folder has a
+    `speculator` module defining `V2_METHOD` (it imports vLLM 0.34, so only call this there)."""
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    from vllm_specx import registry
+
+    out = []
+    for method in registry.methods().values():
+        pkg = method.config_cls.__module__.rsplit(".", 1)[0]
+        if find_spec(f"{pkg}.speculator") is not None:
+            out.append(import_module(f"{pkg}.speculator").V2_METHOD)
+    return out
+
+
+def register() -> None:
+    """Register every `v2_methods()` entry with vLLM (idempotent: vLLM accepts the same config
+    again under the same name)."""
+    from vllm import ModelRegistry
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+
+    for m in v2_methods():
+        if m.arch not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(m.arch, m.model_cls)
+        register_speculative_method(m.name, m.config_cls)
+
+
+def method_names() -> dict[str, str]:
+    """Our registered name -> the built-in vLLM name that also serves our checkpoints."""
+    return {m.name: m.builtin for m in v2_methods()}
