@@ -23,9 +23,12 @@ from safetensors.torch import save_file
 # numbers the draft was never trained with, or refused deep inside a worker.
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # The exceptions: a reduced draft vocabulary's maps (`vllm_specx.vocab`), integers by nature, and
-# optional in a checkpoint (`t2d` is for training; vLLM reads `d2t` only).
-INDEX_DTYPES = {"d2t": ("I64", "I32"), "t2d": ("BOOL",)}
-OPTIONAL_TENSORS = ("t2d",)
+# optional in a checkpoint (`t2d` is for training; vLLM reads `d2t` only). Their stored form
+# (names, `target_ids`) and its check (`check_maps`) live here with the other checks of what a
+# checkpoint holds; `vllm_specx.vocab` builds and uses the maps and re-exports these names.
+D2T, T2D = "d2t", "t2d"  # checkpoint tensor names (speculators' and vLLM's)
+INDEX_DTYPES = {D2T: ("I64", "I32"), T2D: ("BOOL",)}
+OPTIONAL_TENSORS = (T2D,)
 # The NaN/inf scan reads a tensor in slices of rows of about this many elements (never a full copy).
 _FINITE_CHUNK_ELEMENTS = 1 << 24
 _MAX_HEADER_BYTES = 100_000_000  # safetensors refuses longer headers
@@ -171,9 +174,7 @@ def check_tensors(path: str | Path, expected: dict[str, tuple[int, ...]] | None,
 
 def check_vocab_maps(path: str | Path, vocab_size: int, draft_vocab_size: int) -> None:
     """ValueError naming the tensor when a reduced-vocabulary draft's `d2t` / `t2d` do not map
-    `draft_vocab_size` distinct ids into the target vocabulary, or disagree (`vocab.check_maps`)."""
-    from vllm_specx.vocab import D2T, T2D, check_maps
-
+    `draft_vocab_size` distinct ids into the target vocabulary, or disagree (`check_maps`)."""
     header = read_header(path)
     if D2T not in header:
         raise ValueError(f"draft checkpoint {path}: missing tensor '{D2T}': a draft vocabulary of "
@@ -184,6 +185,38 @@ def check_vocab_maps(path: str | Path, vocab_size: int, draft_vocab_size: int) -
             with safe_open(str(header[name][2]), framework="pt") as f:
                 get[name] = f.get_tensor(name)
     check_maps(get[D2T], get.get(T2D), vocab_size, draft_vocab_size, f"draft checkpoint {path}")
+
+
+def target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """The target id of every draft id: arange(Vd) + d2t."""
+    return torch.arange(d2t.numel(), device=d2t.device) + d2t.long()
+
+
+def check_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int,
+               where: str) -> None:
+    """ValueError naming the tensor when the maps do not describe a draft vocabulary of
+    `draft_vocab_size` distinct target ids below `vocab_size` (and, with t2d, the same one)."""
+    if tuple(d2t.shape) != (draft_vocab_size,) or d2t.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{where}: tensor '{D2T}' must be int64 of shape [{draft_vocab_size}] "
+                         f"(draft_vocab_size), got {d2t.dtype} {list(d2t.shape)}")
+    ids = target_ids(d2t)
+    bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"{where}: tensor '{D2T}' maps draft id {i} to target id {int(ids[i])}, outside "
+                         f"the target vocabulary [0, {vocab_size}) ({bad.numel()} such ids)")
+    if bool((ids[1:] <= ids[:-1]).any()):
+        raise ValueError(f"{where}: tensor '{D2T}' must map draft ids to distinct target ids in "
+                         "ascending order (speculators' and vLLM's layout)")
+    if t2d is None:
+        return
+    if tuple(t2d.shape) != (vocab_size,) or t2d.dtype != torch.bool:
+        raise ValueError(f"{where}: tensor '{T2D}' must be bool of shape [{vocab_size}] (vocab_size), "
+                         f"got {t2d.dtype} {list(t2d.shape)}")
+    if int(t2d.sum()) != draft_vocab_size or not bool(t2d[ids].all()):
+        raise ValueError(f"{where}: tensors '{T2D}' and '{D2T}' disagree: t2d marks {int(t2d.sum())} "
+                         f"target ids, d2t maps {draft_vocab_size}, "
+                         f"{int((~t2d[ids]).sum())} of d2t's target ids are not marked in t2d")
 
 
 def check_finite(path: str | Path, header=None) -> None:

@@ -9,7 +9,10 @@ vLLM store it (EAGLE-3 and DFlash/DSpark alike):
     t2d  [V]  bool    t2d[v] is True iff target id v is in the draft vocabulary   (optional; training)
 
 Draft ids are the selected target ids in ascending order (`maps`), so the two agree exactly when
-`t2d.nonzero() == arange(Vd) + d2t`; `check_maps` refuses anything else, naming the tensor.
+`t2d.nonzero() == arange(Vd) + d2t`; `check_maps` refuses anything else, naming the tensor. The
+stored form (`D2T`, `T2D`, `target_ids`) and `check_maps` are defined in `vllm_specx.checkpoint`
+with the other checks of what a checkpoint holds (so it needs nothing from here) and are
+re-exported here.
 
 What stays exact: a drafted token is always a target token (`to_target`), and for probabilistic
 drafts the distribution q handed to the rejection sampler is the draft's distribution over its
@@ -30,11 +33,17 @@ file to its trained weights (SmolLM2's 14,677 rows x 576 are 16 MB of a 36 MB DS
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
-D2T, T2D = "d2t", "t2d"  # checkpoint tensor names (speculators' and vLLM's)
+from vllm_specx import registry
+from vllm_specx.checkpoint import (D2T, T2D, check_maps, check_tensors, check_vocab_maps, load_tensors,
+                                   read_config_json, safetensors_files, save_tensors, target_ids,
+                                   write_config_json)
+
 HEAD = "lm_head.weight"  # a reduced draft's own output rows on disk
 FROM_TARGET = "lm_head_from_target"  # the config field: the rows are the target's, not on disk
 
@@ -51,38 +60,6 @@ def maps(target_ids: torch.Tensor | Iterable[int], vocab_size: int) -> tuple[tor
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[ids] = True
     return ids - torch.arange(ids.numel()), t2d
-
-
-def target_ids(d2t: torch.Tensor) -> torch.Tensor:
-    """The target id of every draft id: arange(Vd) + d2t."""
-    return torch.arange(d2t.numel(), device=d2t.device) + d2t.long()
-
-
-def check_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int,
-               where: str) -> None:
-    """ValueError naming the tensor when the maps do not describe a draft vocabulary of
-    `draft_vocab_size` distinct target ids below `vocab_size` (and, with t2d, the same one)."""
-    if tuple(d2t.shape) != (draft_vocab_size,) or d2t.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{where}: tensor '{D2T}' must be int64 of shape [{draft_vocab_size}] "
-                         f"(draft_vocab_size), got {d2t.dtype} {list(d2t.shape)}")
-    ids = target_ids(d2t)
-    bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
-    if bad.numel():
-        i = int(bad[0])
-        raise ValueError(f"{where}: tensor '{D2T}' maps draft id {i} to target id {int(ids[i])}, outside "
-                         f"the target vocabulary [0, {vocab_size}) ({bad.numel()} such ids)")
-    if bool((ids[1:] <= ids[:-1]).any()):
-        raise ValueError(f"{where}: tensor '{D2T}' must map draft ids to distinct target ids in "
-                         "ascending order (speculators' and vLLM's layout)")
-    if t2d is None:
-        return
-    if tuple(t2d.shape) != (vocab_size,) or t2d.dtype != torch.bool:
-        raise ValueError(f"{where}: tensor '{T2D}' must be bool of shape [{vocab_size}] (vocab_size), "
-                         f"got {t2d.dtype} {list(t2d.shape)}")
-    if int(t2d.sum()) != draft_vocab_size or not bool(t2d[ids].all()):
-        raise ValueError(f"{where}: tensors '{T2D}' and '{D2T}' disagree: t2d marks {int(t2d.sum())} "
-                         f"target ids, d2t maps {draft_vocab_size}, "
-                         f"{int((~t2d[ids]).sum())} of d2t's target ids are not marked in t2d")
 
 
 def to_target(draft_ids: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
@@ -209,8 +186,6 @@ class TargetHeadRows:
     instead. Needs the whole target head on this rank (tensor_parallel_size 1): refused otherwise."""
 
     def _maybe_share_lm_head(self, target_language_model) -> None:
-        from vllm_specx import registry
-
         _, cfg = registry.config_of(self.draft_model_config.hf_config)
         if not getattr(cfg, FROM_TARGET, False):
             return super()._maybe_share_lm_head(target_language_model)
@@ -244,13 +219,6 @@ def omit_target_head(path, lm_head: torch.Tensor) -> bool:
     method's (a baseline vLLM loads itself, such as EAGLE-3, reads the rows from the file), not in
     the vllm-specx format, of a method without the field, without a reduced vocabulary or own
     rows, or when its rows differ from the target's (a draft that trained its head keeps it)."""
-    import dataclasses
-    from pathlib import Path
-
-    from vllm_specx import registry
-    from vllm_specx.checkpoint import (check_tensors, check_vocab_maps, load_tensors, read_config_json,
-                                       safetensors_files, save_tensors, write_config_json)
-
     raw = read_config_json(path)
     hit = registry.detect(raw)
     if hit is None or not isinstance(raw.get("specx"), dict):  # speculators format: no field for it
