@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 from vllm_specx import envs
-from vllm_specx._vllm_compat import Blank, logger, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import Blank, logger, patch, probe, resolve
 from vllm_specx._vllm_compat.cpu_expand import REPAIR_ENV, repair_enabled
 
 SAMPLER_ENV = "VLLM_SPECX_SAMPLER"  # "specx" (default) | "vllm": who verifies our proposers' drafts

@@ -4,7 +4,7 @@ its proposer chose before the scheduler sees them (the V1 runner hands the sched
 
 from __future__ import annotations
 
-from vllm_specx._vllm_compat import Blank, logger, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import Blank, logger, patch, probe, resolve
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_draft_token_ids_cpu"
 _warned = []

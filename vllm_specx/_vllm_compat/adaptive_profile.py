@@ -4,7 +4,7 @@ tables its policy needs; the runner has no hook between KV-cache set-up and serv
 
 from __future__ import annotations
 
-from vllm_specx._vllm_compat import get_patch, original, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import get_patch, original, patch, probe, resolve
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from vllm_specx import envs
-from vllm_specx._vllm_compat import Blank, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import Blank, patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EMPTY_TOPK"
 TARGET = "vllm.v1.sample.rejection_sampler:apply_sampling_constraints"

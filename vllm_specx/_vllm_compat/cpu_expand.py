@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vllm_specx import envs
-from vllm_specx._vllm_compat import patch, probe, resolve
+from vllm_specx._vllm_compat.patching import patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_EXPAND"
 TARGET = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"

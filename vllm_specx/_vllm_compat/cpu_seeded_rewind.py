@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_specx._vllm_compat import Blank, ProbeReached, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import Blank, ProbeReached, patch, probe, resolve
 from vllm_specx._vllm_compat.cpu_seeded_snapshot import (_REMOVE_WHEN, _STATES, _WHY, _Batch,
                                                          _discarded_cpu_generators, repair_enabled)
 

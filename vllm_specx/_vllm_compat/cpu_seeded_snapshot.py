@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vllm_specx import envs
-from vllm_specx._vllm_compat import Blank, ProbeReached, patch, probe, resolve
+from vllm_specx._vllm_compat.patching import Blank, ProbeReached, patch, probe, resolve
 
 REPAIR_ENV = "VLLM_SPECX_REPAIR_CPU_SEEDED"
 SAMPLE_TARGET = "vllm.v1.worker.cpu_model_runner:CPUModelRunner._sample"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_specx import registry
-from vllm_specx._vllm_compat import Blank, patch, probe, resolve, route_of
+from vllm_specx._vllm_compat.patching import Blank, patch, probe, resolve, route_of
 
 UNSUPPORTED = "vllm-specx drafts (their proposers run on the V1 runner)"
 TARGET = "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features"

@@ -87,7 +87,7 @@ import contextvars
 from typing import Any
 
 from vllm_specx import registry
-from vllm_specx._vllm_compat import ProbeReached, logger, patch, probe, register_archs, resolve
+from vllm_specx._vllm_compat.patching import ProbeReached, logger, patch, probe, register_archs, resolve
 from vllm_specx.checkpoint import check_draft_dir, looks_local
 
 TARGET = "vllm.config.speculative:SpeculativeConfig.__post_init__"

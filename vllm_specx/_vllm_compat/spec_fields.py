@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_specx import registry
-from vllm_specx._vllm_compat import patch, probe, resolve
+from vllm_specx._vllm_compat.patching import patch, probe, resolve
 from vllm_specx.adaptive.config import KEYS as ADAPTIVE_KEYS
 from vllm_specx.adaptive.config import VLLM_SWITCH
 from vllm_specx.adaptive.config import AdaptiveConfig

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
-from vllm_specx._vllm_compat import (Blank, ProbeReached, acceptance, get_patch, logger, original,
-                                     patch, probe, resolve, route_of)
+from vllm_specx._vllm_compat import acceptance
+from vllm_specx._vllm_compat.patching import (Blank, ProbeReached, get_patch, logger, original, patch, probe,
+                                              resolve, route_of)
 from vllm_specx._vllm_compat.route import DELEGATED_REJECTION
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__"
