@@ -150,13 +150,13 @@ def step(cfg, d, data, run, scoped: bool = False) -> float:
     """One optimizer step as `trainer.loop` takes it; its loss."""
     from torch.profiler import record_function
 
-    from vllm_specx.training import trainer
+    from vllm_specx.training import blocks, trainer
 
     sc = record_function if scoped else (lambda _: contextlib.nullcontext())
     with run.autocast:
         with sc("batch"):
             b = run.h.batch(run.model, data.train, run.rng, cfg.batch, cfg)
-            b = trainer._to(b, d.device)
+            b = blocks.to_device(b, d.device)
         with sc("forward"):
             out = run.step_model(b)
         with sc("loss"):

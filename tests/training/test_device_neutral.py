@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from vllm_specx import registry
-from vllm_specx.training import trainer
+from vllm_specx.training import blocks, trainer
 from vllm_specx.training.data import load_samples, write_taps
 from vllm_specx.training.losses import LOSSES
 from vllm_specx.training.taps import embed_and_head, load_target, target_taps
@@ -98,13 +98,13 @@ def _train_step(method, model, b, device) -> tuple[torch.Tensor, dict]:
     """The trainer's step and validation on `device`: forward, every loss (mixed with CE and, with
     a confidence head, its BCE), backward, and the validation stats. Returns (loss, stats)."""
     model = model.to(device)
-    out = trainer.hooks(method).forward(model, trainer._to(b, device))
+    out = trainer.hooks(method).forward(model, blocks.to_device(b, device))
     conf = 0.5 if out.confidence is not None else 0.0
     total = sum(trainer.loss_and_accuracy(out, name, 4.0, ce_weight=0.1, confidence_weight=conf)[0]
                 for name in sorted(LOSSES))
     total.backward()
     with torch.no_grad():
-        stats = trainer.validation_stats(trainer.hooks(method).forward(model, trainer._to(b, device)))
+        stats = trainer.validation_stats(trainer.hooks(method).forward(model, blocks.to_device(b, device)))
     return total, stats
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_specx import registry
-from vllm_specx.training import serving_count, trainer
+from vllm_specx.training import losses, serving_count, trainer
 from vllm_specx.training.data import load_samples
 
 from ..test_training import _data, _train_argv
@@ -85,7 +85,7 @@ def _own_chain_samples(h, model, samples, args, k):
             for j in range(rng.randint(0, k)):
                 b = h.batch(model, [dict(s, ids=ids)], None, 1, args, at=[[a]])
                 with torch.no_grad():
-                    res = trainer._first_positions(h.forward(model, b), k)
+                    res = losses.first_positions(h.forward(model, b), k)
                 ids[a + 1 + j] = res.logits.argmax(-1).reshape(-1)[j]
         s["ids"] = ids
         out.append(s)

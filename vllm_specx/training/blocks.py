@@ -14,6 +14,11 @@ import torch
 import torch.nn.functional as F
 
 
+def to_device(batch: dict, device) -> dict:
+    """A hook's batch (`batch(...)`: tensors and plain values) with its tensors on `device`."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def add_chain_args(ap) -> None:
     """The trainer flags of a recurrent (chain) drafter: sequence crop, chains per sequence, steps
     unrolled per chain and which token each step reads."""

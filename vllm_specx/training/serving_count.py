@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_specx.training.losses import IGNORE
+from vllm_specx.training.blocks import to_device
+from vllm_specx.training.losses import IGNORE, first_positions
 
 
 def answer_anchors(prompt_len: int, length: int) -> list[int]:
@@ -47,8 +48,6 @@ def accepted_lengths(h, model, samples, k: int, chunk: int, per_forward: int, de
     """Per sample, (prompt length, sequence length, {anchor a: drafts of a K-draft pass at a that
     equal the answer's next tokens}) (teacher-forced greedy: the longest prefix of argmax drafts
     equal to x_{a+1..a+K})."""
-    from vllm_specx.training.trainer import _first_positions, _to
-
     out = []
     for lo in range(0, len(samples), per_forward):
         part = [samples[i] for i in range(lo, min(lo + per_forward, len(samples)))]
@@ -64,7 +63,7 @@ def accepted_lengths(h, model, samples, k: int, chunk: int, per_forward: int, de
             b = h.batch(model, [part[j] for j, _, _ in group], None, len(group), args,
                         at=[a for _, a, _ in group])
             with autocast:
-                res = _first_positions(h.forward(model, _to(b, device)), k)
+                res = first_positions(h.forward(model, to_device(b, device)), k)
             n = res.targets.shape[-1]
             targets = res.targets.reshape(len(group), chunk, n)
             drafts = res.logits.reshape(len(group), chunk, n, -1).argmax(-1)

@@ -82,6 +82,16 @@ def to_draft_vocab(out: DraftOutput, t2d: torch.Tensor) -> DraftOutput:
     return dataclasses.replace(out, targets=targets, target_ids=ids, target_logp=logp)
 
 
+def first_positions(out: DraftOutput, k: int) -> DraftOutput:
+    """A DraftOutput cut to its first k draft positions (targets [..., n], logits [..., n, V]):
+    what a pass of K = k drafts is measured on (`--eval-drafts`, `training.serving_count`)."""
+    cut = lambda t, dim: None if t is None else t.narrow(dim, 0, min(k, t.shape[dim]))  # noqa: E731
+    n = out.targets.dim() - 1
+    return dataclasses.replace(out, logits=cut(out.logits, n), targets=cut(out.targets, n),
+                               target_ids=cut(out.target_ids, n), target_logp=cut(out.target_logp, n),
+                               confidence=cut(out.confidence, n))
+
+
 def position_weights(n: int, gamma: float, device: torch.device | str | None = None) -> torch.Tensor:
     """w_k = exp(-k / gamma), k = 0..n-1.
 
