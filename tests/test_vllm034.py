@@ -280,3 +280,348 @@ def test_vllm_dspark_loop_on_our_hooks_drafts_the_reference(target, kw):
     got = _vllm_loop(draft, torch.stack(hidden), torch.tensor(anchors), K)
     assert got.tolist() == refs
     assert len({tuple(r) for r in refs}) == 2  # the two requests draft differently
+
+
+# ---- MTP on vLLM 0.34 ---------------------------------------------------------------------------
+#
+# Our MTP checkpoint is served by vLLM's own MTP (`MTPSpeculator`, a `TargetDependentARSpeculator`)
+# on our layer (`SpecxMTPV2ForCausalLM`), through `SpecxMTPSpeculatorConfig`; vLLM's MTP loop is
+# the reference's chain with kv_share off, so KVShare (and the K3 fusion, lm_head_from_target) are
+# refused by name.
+
+MTP_K = 4
+REF_MTP = REF_TARGET.parent / "drafts" / "ref-mtp"  # committed; trained with kv_share on
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(target, tmp_path_factory):
+    """The committed ref-mtp draft's tensors with kv_share off (what vLLM's MTP loop serves)."""
+    from vllm_specx.methods.mtp import checkpoint
+
+    return checkpoint.with_options(REF_MTP, tmp_path_factory.mktemp("v034mtp") / "ref-mtp-mixed", kv_share=False)
+
+
+@needs_034
+def test_mtp_registers_through_the_speculator_api():
+    """In a fresh process: `specx_mtp` and the `SpecxMTPModel` architecture are registered, the
+    config is ours on vLLM's MTP, and nothing of the V1-runner patches is imported."""
+    code = """
+import json, sys
+import vllm_specx
+vllm_specx.register()
+from vllm import ModelRegistry
+from vllm.v1.worker.gpu.spec_decode import speculator_config as sc
+cls = sc.get_custom_speculator_config_class("specx_mtp")
+print(json.dumps({
+    "methods": sc.registered_speculative_methods(),
+    "config": f"{cls.__module__}.{cls.__qualname__}", "base": cls.base_method,
+    "speculator": cls.speculator_class,
+    "arch": "SpecxMTPModel" in ModelRegistry.get_supported_archs(),
+    "compat_loaded": sorted(m for m in sys.modules if m.startswith("vllm_specx._vllm_compat")),
+}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"specx_mtp", "specx_dspark"} <= set(got["methods"])
+    assert got["config"] == "vllm_specx.methods.mtp.speculator.SpecxMTPSpeculatorConfig"
+    assert got["base"] == "mtp"
+    assert got["speculator"] == "vllm_specx.methods.mtp.vllm_model_v2.SpecxMTPSpeculator"
+    assert got["arch"] and got["compat_loaded"] == []
+
+
+@needs_034
+def test_mtp_speculator_and_config_are_vllms_mtp():
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.gpu.spec_decode.mtp.config import MTPSpeculatorConfig
+    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+    from vllm_specx.methods.mtp.speculator import SpecxMTPSpeculatorConfig
+    from vllm_specx.methods.mtp.vllm_model_v2 import SpecxMTPV2ForCausalLM
+
+    assert issubclass(SpecxMTPSpeculatorConfig, MTPSpeculatorConfig)
+    assert issubclass(resolve_obj_by_qualname(SpecxMTPSpeculatorConfig.speculator_class), MTPSpeculator)
+    assert SpecxMTPV2ForCausalLM.speculator_config_class is SpecxMTPSpeculatorConfig
+    assert "specx_mtp" in __import__("vllm_specx.speculator_api").speculator_api.method_names()
+
+
+@needs_034
+@pytest.mark.parametrize("method", ["specx_mtp", "mtp", None])
+def test_engine_config_picks_our_mtp_for_every_spelling(mtp_dir, method):
+    """Our name, vLLM's built-in "mtp" and no method all give our config (the latter two through
+    the architecture's declared `speculator_config_class`) on vLLM's MTP setup: the target's
+    final hidden states, K lookahead slots, the validated config stored for the worker."""
+    from vllm_specx.methods.mtp import checkpoint
+    from vllm_specx.methods.mtp.speculator import SpecxMTPSpeculatorConfig
+
+    cfg = _engine_config(mtp_dir, method, num_speculative_tokens=MTP_K)
+    spec = cfg.speculative_config
+    assert type(spec.speculator_config) is SpecxMTPSpeculatorConfig
+    assert spec.method == "mtp"
+    assert spec.custom_method == ("specx_mtp" if method == "specx_mtp" else None)
+    assert spec.draft_model_config.architectures == ["SpecxMTPModel"]
+    hf = spec.draft_model_config.hf_config
+    assert hf.specx_route == "mtp"
+    assert hf.specx_config == checkpoint.read_config(json.loads((Path(mtp_dir) / "config.json").read_text())).to_dict()
+    assert hf.specx_config["kv_share"] is False
+    assert spec.uses_target_hidden_states and not spec.uses_aux_hidden_states
+    assert spec.num_speculative_tokens == MTP_K and cfg.num_lookahead_tokens == MTP_K
+
+
+@needs_034
+@pytest.mark.parametrize("method", ["specx_mtp", None])
+def test_mtp_num_speculative_tokens_defaults_to_max_drafts(mtp_dir, method):
+    assert _engine_config(mtp_dir, method).speculative_config.num_speculative_tokens == 7
+
+
+@needs_034
+@pytest.mark.parametrize("method", ["specx_mtp", "mtp"])
+@pytest.mark.parametrize("option,value", [("index_share_for_mtp_iteration", True),
+                                          ("draft_lm_head_quantization", "fp8")])
+def test_vllm_refuses_mtp_options_we_do_not_honour_by_name(mtp_dir, method, option, value):
+    """vLLM's MTP accepts both options; our config does not (dense layer; the reference scores
+    with the target's own LM head), so vLLM refuses them naming the option and our method."""
+    with pytest.raises(Exception, match=f"{option} is not supported with speculative method '{method}'"):
+        _engine_config(mtp_dir, method, num_speculative_tokens=MTP_K, **{option: value})
+
+
+@needs_034
+def test_bad_mtp_checkpoint_refused_naming_the_field(mtp_dir, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(mtp_dir, bad)
+    raw = json.loads((bad / "config.json").read_text())
+    raw["specx"]["target_num_hidden_layers"] = 9
+    (bad / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(Exception, match=r"vllm-specx: .*target_num_hidden_layers = 9 but the target's "
+                                        r"num_hidden_layers is 8"):
+        _engine_config(bad, "specx_mtp", num_speculative_tokens=MTP_K)
+
+
+@needs_034
+@pytest.mark.parametrize("method", ["specx_mtp", "mtp", None])
+def test_mtp_v2_unsupported_features_refused_by_name(target, tmp_path, method):
+    """The committed ref-mtp (KVShare on) and ref-mtp-k3 (K3 fusion), and a reduced vocabulary
+    whose LM-head rows come from the target: each refused naming its field, on every spelling."""
+    import dataclasses
+
+    from vllm_specx.methods.mtp import checkpoint
+
+    from .helpers import random_mtp
+
+    d = random_mtp(target, kv_share=False, draft_vocab=list(range(0, 4096, 3)))
+    d.cfg = dataclasses.replace(d.cfg, lm_head_from_target=True)
+    checkpoint.save(d, tmp_path / "from-target")
+    for draft, field in [(REF_MTP, "kv_share"), (REF_MTP.parent / "ref-mtp-k3", "fusion_layer_ids"),
+                         (tmp_path / "from-target", "lm_head_from_target")]:
+        with pytest.raises(Exception, match=rf"vllm-specx: draft .*specx\.{field} .*not served on vLLM's V2"):
+            _engine_config(draft, method, num_speculative_tokens=MTP_K)
+
+
+# ---- vLLM 0.34's MTP propose on our V2 model, against the reference ----------------------------
+
+class _DenseAttention(torch.nn.Module):
+    """Stands in for vLLM's attention layer (no attention backend runs on this CPU without vLLM's
+    CPU kernels): paged-attention semantics on a dense K/V store, read from the speculator's own
+    input buffers. Every token of request r writes its K/V at (r, its slot's position): for the
+    draft prefill the target's positions (vLLM reuses the target's slot mappings there), for a
+    decode step the speculator's `positions` buffer (what vLLM computes its slot mappings from);
+    query j of a request with query length Q and sequence length S attends to positions
+    0 .. S - Q + j (vLLM's causal rule for a chunk ending at S)."""
+
+    def __init__(self, bufs, heads, kv_heads, head_dim, scale, max_reqs, max_len):
+        super().__init__()
+        self.bufs, self.heads, self.kv_heads, self.head_dim, self.scale = bufs, heads, kv_heads, head_dim, scale
+        self.k = torch.zeros(max_reqs, max_len, kv_heads, head_dim)
+        self.v = torch.zeros_like(self.k)
+        self.num_reqs = 0
+        self.prefill_positions = None  # the target's positions, for the next (prefill) call
+
+    def forward(self, q, k, v):
+        n, b = q.shape[0], self.bufs
+        q, k, v = (t.reshape(n, -1, self.head_dim) for t in (q, k, v))
+        pos, qsl, seq_lens = b.positions[:n], b.query_start_loc, b.seq_lens
+        if self.prefill_positions is not None:
+            pos, self.prefill_positions = self.prefill_positions, None
+        rep = self.heads // self.kv_heads
+        out = torch.zeros(n, self.heads, self.head_dim)
+        spans = [(int(qsl[r]), int(qsl[r + 1]), int(seq_lens[r])) for r in range(self.num_reqs)]
+        for r, (lo, hi, _) in enumerate(spans):
+            self.k[r, pos[lo:hi]], self.v[r, pos[lo:hi]] = k[lo:hi], v[lo:hi]
+        for r, (lo, hi, s) in enumerate(spans):
+            for j in range(hi - lo):
+                n_keys = s - (hi - lo) + j + 1
+                kk = self.k[r, :n_keys].repeat_interleave(rep, 1)
+                vv = self.v[r, :n_keys].repeat_interleave(rep, 1)
+                w = torch.einsum("hd,shd->hs", q[lo + j], kk) * self.scale
+                out[lo + j] = torch.einsum("hs,shd->hd", w.softmax(-1), vv)
+        return out.reshape(n, -1)
+
+
+def _init_dist_once():
+    import socket
+
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+    initialize_model_parallel(1, 1)
+
+
+def _target_head_module(target):
+    """The parts of a target model vLLM's MTP loader shares with the draft: `model.embed_tokens`
+    and `lm_head` (vLLM's layers, holding the reference target's weights)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    v, h = target.config.vocab_size, target.config.hidden_size
+    tm = torch.nn.Module()
+    tm.model = torch.nn.Module()
+    tm.model.embed_tokens, tm.lm_head = VocabParallelEmbedding(v, h), ParallelLMHead(v, h)
+    with torch.no_grad():
+        tm.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        tm.lm_head.weight.copy_(target.lm_head.weight)
+    tm.lm_head.quant_method.process_weights_after_loading(tm.lm_head)
+    return tm
+
+
+class _MTPRun:
+    """vLLM 0.34's `SpecxMTPSpeculator` (vLLM's MTPSpeculator) built from a real engine config,
+    its draft loaded by vLLM's MTP loader (`load_eagle_model`: our `load_weights`, the target's
+    embeddings and LM head shared), its attention replaced by `_DenseAttention`; `propose` is
+    vLLM's own (prefill on the target's batch, then one decode step per further draft: its Triton
+    input kernels and greedy argmax run in the Triton interpreter)."""
+
+    MAX_REQS, MAX_LEN = 8, 512
+
+    def __init__(self, target, draft_dir, k):
+        from vllm.config import set_current_vllm_config
+
+        from vllm_specx.methods.mtp.vllm_model_v2 import SpecxMTPSpeculator
+
+        self.cfg = _engine_config(draft_dir, "specx_mtp", num_speculative_tokens=k)
+        # vLLM's native torch ops (its CPU custom ops need vllm._C, absent from the CUDA wheel)
+        self.cfg.compilation_config.custom_ops = ["none"]
+        with set_current_vllm_config(self.cfg):
+            _init_dist_once()
+            self.target_parts = _target_head_module(target)
+            self.spec = SpecxMTPSpeculator(self.cfg, torch.device("cpu"))
+            self.spec.model = self.spec.load_draft_model(self.target_parts, set())
+        sa = self.spec.model.model.mtp_block.self_attn
+        self.attn = _DenseAttention(self.spec.input_buffers, sa.num_heads, sa.num_kv_heads, sa.head_dim,
+                                    sa.scaling, self.MAX_REQS, self.MAX_LEN)
+        sa.attn = self.attn
+
+    def propose(self, chunks, starts, hidden, num_rejected, next_tokens):
+        """One `propose` after a target pass: request r's target pass ran `chunks[r]` (token ids)
+        at positions starts[r].., `hidden` their final hidden states (concatenated), the last
+        num_rejected[r] of them rejected drafts, next_tokens[r] the token sampled after."""
+        import numpy as np
+        from vllm.config import set_current_vllm_config
+
+        n = len(chunks)
+        lens = [len(c) for c in chunks]
+        seq_lens = torch.tensor([s + q for s, q in zip(starts, lens)], dtype=torch.int32)
+        batch = SimpleNamespace(
+            num_reqs=n, num_tokens=sum(lens), num_tokens_after_padding=sum(lens),
+            num_scheduled_tokens=np.array(lens, dtype=np.int32), seq_lens_cpu_upper_bound=seq_lens,
+            idx_mapping=torch.arange(n, dtype=torch.int32), input_ids=torch.cat(chunks).int(),
+            positions=torch.cat([torch.arange(s, s + q) for s, q in zip(starts, lens)]),
+            query_start_loc=torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32), seq_lens=seq_lens,
+            decode_graph_eligible=False)
+        m = self.spec.max_num_reqs  # vLLM's per-request-state buffers
+        last_sampled = torch.zeros(m, dtype=torch.int64)
+        last_sampled[:n] = torch.tensor(next_tokens)
+        self.attn.num_reqs, self.attn.prefill_positions = n, batch.positions
+        with set_current_vllm_config(self.cfg):
+            # dummy_run + skip_attn_for_dummy_run: vLLM's switches that skip building attention
+            # metadata (no backend here: `_DenseAttention` reads the buffers instead); is_profile:
+            # eager, no CUDA-graph manager. Greedy drafting reads neither.
+            out = self.spec.propose(batch, None, None, hidden, None, torch.ones(n, dtype=torch.int32),
+                                    torch.tensor(num_rejected, dtype=torch.int32), last_sampled,
+                                    torch.zeros(m, dtype=torch.int32), torch.zeros(m), torch.zeros(m, dtype=torch.int64),
+                                    dummy_run=True, skip_attn_for_dummy_run=True, is_profile=True)
+        return out.tolist()
+
+
+def _final_hidden(target, ids):
+    with torch.no_grad():
+        return target.model(ids[None]).last_hidden_state[0]
+
+
+def _mtp_drafts_vs_reference(target, draft_dir, reference):
+    """Two requests through two passes of vLLM's MTP propose; returns (vLLM's drafts, the
+    reference's greedy drafts with kv_share off, with kv_share on) per pass."""
+    torch.manual_seed(3)
+    prompts = [torch.randint(3, 4000, (9,)), torch.randint(3, 4000, (14,))]
+    bonus = [17, 301]
+    run = _MTPRun(target, draft_dir, MTP_K)
+    # Pass 1: the target prefilled each prompt and sampled `bonus`.
+    got1 = run.propose(prompts, [0, 0], torch.cat([_final_hidden(target, p) for p in prompts]), [0, 0], bonus)
+    # Pass 2: the target verified [bonus, its K drafts]; request 0 keeps 2 drafts, request 1 none.
+    accepted, new_bonus = [2, 0], [29, 3001]
+    chunks, hidden, verified = [], [], []
+    for p, b, d, a, nb in zip(prompts, bonus, got1, accepted, new_bonus):
+        chunk = torch.tensor([b, *d])
+        chunks.append(chunk)
+        hidden.append(_final_hidden(target, torch.cat([p, chunk]))[len(p):])
+        verified.append(torch.cat([p, torch.tensor([b, *d[:a], nb])]))
+    got2 = run.propose(chunks, [len(p) for p in prompts], torch.cat(hidden),
+                       [MTP_K - a for a in accepted], new_bonus)
+
+    def ref(ids, kv_share):
+        return reference.greedy_drafts(_final_hidden(target, ids[:-1]), ids, MTP_K, kv_share=kv_share)
+
+    seqs1 = [torch.cat([p, torch.tensor([b])]) for p, b in zip(prompts, bonus)]
+    return [(got1, [ref(s, False) for s in seqs1], [ref(s, True) for s in seqs1]),
+            (got2, [ref(s, False) for s in verified], [ref(s, True) for s in verified])]
+
+
+def _mtp_cases(target, tmp, mtp_dir):
+    from vllm_specx.methods.mtp import checkpoint
+
+    from .helpers import embed_and_head, random_mtp
+
+    if tmp is None:  # the committed ref-mtp, kv_share off
+        return mtp_dir, checkpoint.load(mtp_dir, *embed_and_head(target))
+    d = random_mtp(target, kv_share=False, draft_vocab=list(range(0, 4096, 3)))
+    checkpoint.save(d, tmp / "reduced")
+    return str(tmp / "reduced"), checkpoint.load(tmp / "reduced", *embed_and_head(target))
+
+
+@needs_034
+@pytest.mark.parametrize("case", ["ref-mtp", "random-reduced-vocab"])
+def test_vllm_mtp_propose_on_our_model_drafts_the_reference(target, mtp_dir, tmp_path, case):
+    """vLLM 0.34's MTP `propose` (two passes: a prompt prefill, then a verify pass with rejected
+    drafts) on our V2 model loaded by vLLM's MTP loader gives `MTPDraft.greedy_drafts` with
+    kv_share off, token for token, for both requests and both passes (reduced vocabulary: target
+    ids through the model's scatter). And not the KVShare chain: that is why it is refused."""
+    draft_dir, reference = _mtp_cases(target, None if case == "ref-mtp" else tmp_path, mtp_dir)
+    passes = _mtp_drafts_vs_reference(target, draft_dir, reference)
+    for got, ref_mixed, _ in passes:
+        assert got == ref_mixed
+        assert len({tuple(r) for r in ref_mixed}) == 2  # the requests draft differently
+    assert any(got != ref_shared for got, _, ref_shared in passes)
+
+
+@needs_034
+def test_reduced_vocab_logits_scatter_to_target_ids():
+    from vllm_specx import vocab
+    from vllm_specx.methods.mtp.vllm_model_v2 import scatter_to_target
+
+    ids = torch.tensor([0, 3, 7, 9])
+    d2t = ids - torch.arange(4)  # vLLM's offsets
+    assert torch.equal(vocab.target_ids(d2t), ids)
+    logits = torch.tensor([[1.0, 5.0, 2.0, -1.0], [0.5, 0.1, 0.2, 3.0]])
+    full = scatter_to_target(logits, d2t, 12)
+    assert full.shape == (2, 12) and torch.equal(full[:, ids], logits)
+    assert full.argmax(-1).tolist() == [3, 9]
+    assert torch.isinf(full[:, [1, 2, 4, 5, 6, 8, 10, 11]]).all()
+    assert scatter_to_target(logits, None, 12) is logits
