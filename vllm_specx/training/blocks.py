@@ -48,7 +48,7 @@ def data_vocab(data, size: int, vocab_size: int, exclude: tuple[int, ...] = ()) 
     """The `size` target tokens most frequent in the responses of `data` (a `gen-data` folder's
     tokens.jsonl), tokens in `exclude` (e.g. a mask token, never drafted) left out; ascending ids."""
     from vllm_specx import vocab
-    from vllm_specx.training.data import response_ids
+    from vllm_specx.training.samples import response_ids
 
     drop = set(exclude)
     ids, counts = vocab.by_frequency(([t for t in r if t not in drop] for r in response_ids(data)),

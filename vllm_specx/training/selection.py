@@ -10,7 +10,8 @@ import random
 from pathlib import Path
 
 from vllm_specx.training.config import RECORD_FILE, TrainConfig
-from vllm_specx.training.data import EVALUATION, load_samples, trained_prompt_ids
+from vllm_specx.training.prompts import trained_prompt_ids
+from vllm_specx.training.samples import EVALUATION, load_samples
 from vllm_specx.training.losses import NEEDS_TARGET_DISTRIBUTION
 
 
@@ -76,7 +77,7 @@ def _eval_meta(folder: Path, train_meta: dict) -> dict:
 
 def usable(samples, data_meta: dict, unseen_by: str | None) -> list[int]:
     """Indices of the samples a run may use: all, or with `unseen_by` (a draft directory with a
-    training record) those whose prompt its training data did not hold (`data.trained_prompt_ids`)."""
+    training record) those whose prompt its training data did not hold (`prompts.trained_prompt_ids`)."""
     if not unseen_by:
         return list(range(len(samples)))
     rec_file = Path(unseen_by) / RECORD_FILE

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from vllm_specx.training.config import RECORD_FILE, STATE_FILE, TrainConfig, command_flags, run_args
-from vllm_specx.training.data import COMMANDS_FILE, load_samples
+from vllm_specx.training.samples import COMMANDS_FILE, load_samples
 from vllm_specx.training.dist import Dist, torchrun_command
 from vllm_specx.training.evaluation import evaluate
 from vllm_specx.training.selection import Data

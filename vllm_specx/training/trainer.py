@@ -14,7 +14,7 @@ The method's trainer hooks (`registry.trainers()`, a module) supply what differs
 * `forward(model, batch) -> losses.DraftOutput` (draft logits and what they should predict);
 * `save(model, out_dir, dtype)`: a checkpoint vLLM loads (our proposer's, or vLLM's built-in).
 
-The loop owns the rest: streaming the data from disk (`training.data.SampleStore`), optimiser
+The loop owns the rest: streaming the data from disk (`training.samples.SampleStore`), optimiser
 (AdamW, warm-up + cosine), the loss (`--loss`, `training.losses.LOSSES`, positions weighted by
 exp(-k / gamma)), bf16 autocast (`--dtype`), validation on held-back samples every `--val-every`
 steps printing the loss, per-position greedy acceptance, per-position alpha (sampled acceptance)
