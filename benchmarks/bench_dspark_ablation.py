@@ -163,9 +163,10 @@ def row_of(args, name: str, steps: int) -> dict:
 def table(rows: list[dict], sets: list[str]) -> str:
     short = [s.replace("eval-smollm2-", "") for s in sets]
     lines = ["| variant | draws | " + " | ".join(f"τ {s}" for s in short)
-             + " | τ vs EAGLE-3 (" + " / ".join(short) + ") | conditional slots 1-4 (" + short[0] + ")"
-             + " | first-token hit copyable / other (" + short[0] + ") | steps/s | params |",
-             "|" + "---|" * (7 + len(sets))]
+             + " | τ vs EAGLE-3 (" + " / ".join(short) + ") | acceptance of drafts 1-4 given the earlier ones ("
+             + short[0] + ") | first draft's hit rate, copyable anchors (" + " / ".join(short)
+             + ") | the same, other anchors | steps/s | params |",
+             "|" + "---|" * (8 + len(sets))]
     ref = {(r["sample_draws"], s): r["eval"].get(s, {}).get("tau_served") for r in rows if r["variant"] == "eagle3"
            for s in sets}
     for r in rows:
@@ -175,8 +176,10 @@ def table(rows: list[dict], sets: list[str]) -> str:
                          if e.get(s, {}).get("tau_served") and ref.get((r["sample_draws"], s)) else "-" for s in sets)
         first = e.get(sets[0], {})
         cond = ", ".join(f"{x:.2f}" for x in (first.get("conditional") or [])[:4] if x is not None)
-        copy = (f"{first['first_hit_copyable']:.3f} / {first['first_hit_other']:.3f}"
-                if first.get("first_hit_copyable") is not None else "-")
+
+        def split(key):
+            return " / ".join(f"{e[s][key]:.3f}" if e.get(s, {}).get(key) is not None else "-" for s in sets)
+        copy = f"{split('first_hit_copyable')} | {split('first_hit_other')}"
         params = f"{r['trainable_params'] / 1e6:.2f}M" if r.get("trainable_params") else "-"
         lines.append(f"| {r['variant']} | {r['sample_draws']:,} | {taus} | {rat} | {cond} | {copy} | "
                      f"{r['steps_per_s'] or '-'} | {params} |")

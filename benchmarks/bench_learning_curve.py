@@ -50,16 +50,19 @@ from _report import curve_provenance, plot_panels, ratio_table, write_report  # 
 
 # Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
 PROVIDERS = {
-    # DSpark baseline: none of the full recipe (the trainer turns its three switches on by default)
+    # DSpark baseline: none of the full recipe and no next-token stream (every switch spelled out:
+    # the trainer's defaults have changed since these runs)
     "dspark-baseline": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
                         "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor",
-                        "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries"],
+                        "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
+                        "--next-token-stream", "none"],
     # the full recipe's three switches with the vanilla Markov head (the recipe less its recurrent head)
     "dspark-vanilla": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                       "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor"],
+                       "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor",
+                       "--final-layer-tap", "--per-layer-fusion", "--slot-queries", "--next-token-stream", "none"],
     "dspark-recipe": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
                       "--markov-rank", "32", "--markov-head-type", "rnn", "--layout", "anchor",
-                      "--final-layer-tap", "--per-layer-fusion", "--slot-queries"],
+                      "--final-layer-tap", "--per-layer-fusion", "--slot-queries", "--next-token-stream", "none"],
     "mtp-glm52": ["--method", "mtp", "--loss", "chain-tv", "--ce-weight", "0.1", "--kv-share", "on",
                   "--drafts", "7"],
     "eagle3": ["--method", "eagle3", "--loss", "ce", "--taps", "1,14,26", "--drafts", "7"],

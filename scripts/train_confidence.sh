@@ -30,7 +30,7 @@ if [[ ! -f $DATA/meta.json ]]; then
 fi
 $SPECX train --method dspark --target smollm2 --data $DATA --out $RUN \
   --init-from $BASE --unseen-by $BASE --train-only confidence --confidence-head hidden+markov \
-  --taps 1,14,26 --no-final-layer-tap --no-per-layer-fusion --no-slot-queries --markov-head-type vanilla \
+  --taps 1,14,26 --no-final-layer-tap --no-per-layer-fusion --no-slot-queries --markov-head-type vanilla --next-token-stream none \
   --block-size 8 --layers 2 --markov-rank 32 --mask-token-id 0 --layout anchor --seq-len 256 --anchors 24 \
   --steps 200 --batch 8 --lr 0.003 --val-samples 64 --val-every 100 --save-every 200 --seed 0 --threads 2 \
   --dtype float32 --save-dtype bfloat16

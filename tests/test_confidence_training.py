@@ -26,7 +26,8 @@ from .helpers import ASSETS, REF_TARGET, load_prompts, load_target
 BASE = ASSETS / "drafts" / "ref-dspark"
 # ref-dspark's own flags (its training.json): taps 1,4,6, the baseline recipe, vanilla head.
 BASE_FLAGS = ["--block-size", "8", "--layers", "2", "--markov-rank", "64", "--mask-token-id", "2",
-              "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries", "--markov-head-type", "vanilla"]
+              "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries", "--markov-head-type", "vanilla",
+              "--next-token-stream", "none"]
 REPO = Path(__file__).resolve().parents[1]
 
 

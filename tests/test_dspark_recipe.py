@@ -258,9 +258,11 @@ class _Target:
         self.config = argparse.Namespace(to_dict=lambda: dict(TARGET))
 
 
-def test_the_trainer_defaults_to_the_full_recipe_starting_at_the_baseline(tmp_path):
-    args = _trainer_args(layers=2, block_size=6, markov_rank=4)
-    assert {k: getattr(args, k) for k in RECIPE} == RECIPE
+def test_the_trainer_defaults_to_the_ablations_winner_and_the_recipe_starts_at_the_baseline(tmp_path):
+    defaults = _trainer_args(layers=2, block_size=6)
+    assert {k: getattr(defaults, k) for k in BASELINE} == BASELINE
+    assert (defaults.next_token_stream, defaults.markov_rank) == ("added", 256)
+    args = _trainer_args(layers=2, block_size=6, markov_rank=4, **RECIPE)
     d = dspark_train.build(_Target(tmp_path), args, {"taps": [0, 2, LAST]}, EMB, EMB)
     assert d.cfg.target_layer_ids == (0, 2, LAST) and d.cfg.recipe == ["final_layer_tap", "per_layer_fusion",
                                                                        "slot_queries", "recurrent head"]
@@ -269,6 +271,7 @@ def test_the_trainer_defaults_to_the_full_recipe_starting_at_the_baseline(tmp_pa
     base = dspark_train.build(_Target(tmp_path), _trainer_args(
         layers=2, block_size=6, markov_rank=4, **BASELINE), {"taps": [0, 2, LAST]}, EMB, EMB)
     assert base.cfg.target_layer_ids == (0, 2) and base.cfg.recipe == [] and base.tap_slices == [0, 1]
+    assert base.cfg.next_token_stream == "added"
     # Training batches carry the draft's taps only, in its order, cut out of the data's.
     import random
     taps = torch.randn(40, 3 * 16)
@@ -279,7 +282,7 @@ def test_the_trainer_defaults_to_the_full_recipe_starting_at_the_baseline(tmp_pa
         assert b["taps"].shape[-1] == cols.shape[-1]
         assert any(torch.equal(b["taps"][0, :8], cols[i:i + 8]) for i in range(33))
     with pytest.raises(SystemExit, match=r"lack layer\(s\) \[3\].*--final-layer-tap needs the target's last layer 3"):
-        dspark_train.build(_Target(tmp_path), _trainer_args(layers=2, block_size=6, markov_rank=4),
+        dspark_train.build(_Target(tmp_path), _trainer_args(layers=2, block_size=6, markov_rank=4, **RECIPE),
                            {"taps": [0, 2]}, EMB, EMB)
 
 
@@ -290,7 +293,8 @@ def test_an_old_training_record_reruns_as_the_baseline():
 
     args = parse_args(["--config", str(assets.root() / "drafts/ref-dspark/training.json")])
     assert {k: getattr(args, k) for k in BASELINE} == BASELINE and args.taps == "" and args.init_from is None
-    assert parse_args(["--method", "dspark", "--target", "t", "--data", "d", "--out", "o"]).per_layer_fusion
+    new = parse_args(["--method", "dspark", "--target", "t", "--data", "d", "--out", "o"])
+    assert args.next_token_stream is None and new.next_token_stream == "added" and not new.per_layer_fusion
 
 
 
