@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -142,3 +143,25 @@ def ratio_table(rows: list[dict], sets: list[str], x: str, x_label: str, tau, ot
         return []
     return ["", heading, "", f"| set | {x_label} | " + " | ".join(others) + " |",
             "|" + "---|" * (2 + len(others))] + ratios
+
+
+def train_queue(runs: Path, jobs: int, todo: list[tuple[str, list[str]]]) -> None:
+    """Run the training commands of `todo` ((run name, command) pairs; each writes
+    runs/<name>/training.json when it finishes) `jobs` at a time, each logging to
+    runs/<name>.log, skipping the runs already finished; stop at the first failure."""
+    runs.mkdir(parents=True, exist_ok=True)
+    pending = [(n, c) for n, c in todo if not (runs / n / "training.json").is_file()]
+    running = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            name, cmd = pending.pop(0)
+            print(f"train {name}", flush=True)
+            log = open(runs / f"{name}.log", "a")
+            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+        for name, proc in list(running):
+            if proc.poll() is not None:
+                running.remove((name, proc))
+                print(f"{name}: exit {proc.returncode}", flush=True)
+                if proc.returncode:
+                    raise SystemExit(f"{name} failed: see {runs}/{name}.log")
+        time.sleep(2)

@@ -32,13 +32,12 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
+from _report import curve_provenance, plot_panels, ratio_table, train_queue, write_report  # noqa: E402
 from bench_learning_curve import PROVIDERS as ALL_PROVIDERS  # noqa: E402
 from bench_learning_curve import export  # noqa: E402
 
@@ -80,23 +79,9 @@ def run_all(args) -> list[tuple[str, int]]:
     todo = [(p, s) for s in sorted(args.budgets, reverse=True) for p in args.providers]
     done = lambda p, s: (args.runs / run_name(p, s, args.batch) / "training.json").is_file()  # noqa: E731
     if not args.report_only:
-        args.runs.mkdir(parents=True, exist_ok=True)
-        pending, running = [t for t in todo if not done(*t)], []
-        while pending or running:
-            while pending and len(running) < args.jobs:
-                p, s = pending.pop(0)
-                name = run_name(p, s, args.batch)
-                print(f"train {name}", flush=True)
-                log = open(args.runs / f"{name}.log", "a")
-                running.append((name, subprocess.Popen(command(args, p, s, args.runs / name), stdout=log,
-                                                       stderr=subprocess.STDOUT)))
-            for item in list(running):
-                if item[1].poll() is not None:
-                    running.remove(item)
-                    print(f"{item[0]}: exit {item[1].returncode}", flush=True)
-                    if item[1].returncode:
-                        raise SystemExit(f"{item[0]} failed: see {args.runs}/{item[0]}.log")
-            time.sleep(2)
+        train_queue(args.runs, args.jobs, [(run_name(p, s, args.batch),
+                                            command(args, p, s, args.runs / run_name(p, s, args.batch)))
+                                           for p, s in todo])
     return [t for t in todo if done(*t)]
 
 

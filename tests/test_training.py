@@ -330,3 +330,20 @@ def test_an_eagle3_warm_start_with_another_config_is_refused(tmp_path):
     with pytest.raises(SystemExit, match=f"--init-from {draft}: its config"):
         trainer.train(trainer.parse_args(_train_argv("eagle3", data, tmp_path / "o", "--steps", "0",
                                                      "--val-samples", "2", "--init-from", draft)))
+
+
+def test_dspark_ablation_variants_and_conditional_acceptance():
+    """benchmarks/bench_dspark_ablation.py: a variant is the baseline's flags with its own last (so
+    they override), combinations join variants in order, unknown names are refused before anything
+    trains, and the per-slot conditional acceptance is accepted-at-k over accepted-at-(k-1)."""
+    ab = _bench_module("bench_dspark_ablation")
+    assert ab.flags_of("baseline", {}) == ab.BASE and "--next-token-stream" in ab.BASE  # spelled out
+    assert ab.flags_of("next-added", {})[-2:] == ["--next-token-stream", "added"]
+    combos = ab.parse_combine(["both=next-added+rank-256"])
+    assert ab.flags_of("both", combos)[len(ab.BASE):] == ["--next-token-stream", "added", "--markov-rank", "256"]
+    assert ab.flags_of("eagle3", {})[:2] == ["--method", "eagle3"]
+    for bad in (lambda: ab.flags_of("nope", {}), lambda: ab.parse_combine(["x=next-added+nope"])):
+        with pytest.raises(SystemExit, match="nope"):
+            bad()
+    assert ab.conditional([0.5, 0.25, 0.2, 0.0]) == [0.5, 0.5, 0.8, 0.0]
+    assert ab.conditional([0.0, 0.0]) == [0.0, None]
