@@ -625,3 +625,282 @@ def test_reduced_vocab_logits_scatter_to_target_ids():
     assert full.argmax(-1).tolist() == [3, 9]
     assert torch.isinf(full[:, [1, 2, 4, 5, 6, 8, 10, 11]]).all()
     assert scatter_to_target(logits, None, 12) is logits
+
+
+# ---- vLLM 0.34's DSpark propose on our V2 model, against the reference --------------------------
+#
+# `DSparkSpeculator.propose` (vLLM's, unchanged, as `SpecxDSparkSpeculator`) on our
+# `SpecxDSparkForCausalLM` loaded by vLLM's DSpark loader, after `load_model` / `set_attn` /
+# `init_cudagraph_manager`: vLLM's DFlash input-preparation kernel (Triton interpreter) writes the
+# query slots, positions, context positions and slot mappings; `precompute_and_store_context_kv`
+# writes the context K/V into the draft KV cache; vLLM builds the draft attention metadata
+# (`_build_attn_metadata`) and the forward context; the backbone runs; the Markov loop drafts
+# (Triton greedy argmax). Stand-ins: the attention layer (`_PagedDenseAttention`: a paged K/V
+# cache read through vLLM's slot mappings, block table, query_start_loc and seq_lens), the
+# attention backend's metadata builder (returns vLLM's `CommonAttentionMetadata` as is), the
+# runner's block table (a plain tensor vLLM's kernel reads) and two `vllm._C` kernels the CUDA
+# wheel lacks on CPU (`rms_norm`, `rotary_embedding`, as vLLM's own PyTorch-native code).
+
+class _PagedDenseAttention(torch.nn.Module):
+    """Stands in for one draft layer's vLLM `Attention` (no attention backend runs here): a paged
+    K/V cache [2, blocks, block_size, kv_heads, head_dim] with vLLM's slot semantics (slot =
+    block * block_size + offset, PAD_SLOT_ID < 0 writes nothing). `do_kv_cache_update` is what
+    `precompute_and_store_context_kv` calls with vLLM's context slot mapping; `forward` writes the
+    query K/V through the forward context's slot mapping for this layer, then attends request r's
+    queries over positions 0 .. seq_lens[r] - 1 read through its block-table row (causal inside
+    the chunk only when the metadata says so), all from vLLM's `CommonAttentionMetadata`."""
+
+    def __init__(self, layer_name, heads, kv_heads, head_dim, scale, num_blocks, block_size):
+        super().__init__()
+        self.layer_name, self.heads, self.kv_heads, self.head_dim = layer_name, heads, kv_heads, head_dim
+        self.scale, self.block_size = scale, block_size
+        self.kv_cache = torch.zeros(2, num_blocks, block_size, kv_heads, head_dim)
+        self.impl = self  # vLLM calls attn.impl.do_kv_cache_update(attn, k, v, attn.kv_cache, slots)
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        n = key.shape[0]
+        slots = slot_mapping[:n].long()
+        keep = slots >= 0
+        for cache, x in zip(kv_cache, (key, value)):
+            cache.view(-1, self.kv_heads, self.head_dim)[slots[keep]] = x.reshape(n, self.kv_heads, self.head_dim)[keep]
+
+    def forward(self, q, k, v):
+        from vllm.forward_context import get_forward_context
+
+        ctx = get_forward_context()
+        md = ctx.attn_metadata[self.layer_name]
+        n = q.shape[0]
+        self.do_kv_cache_update(self, k, v, self.kv_cache, ctx.slot_mapping[self.layer_name])
+        q = q.reshape(n, self.heads, self.head_dim)
+        ck, cv = (c.view(-1, self.kv_heads, self.head_dim) for c in self.kv_cache)
+        rep = self.heads // self.kv_heads
+        out = torch.zeros(n, self.heads, self.head_dim)
+        qsl = md.query_start_loc
+        for r in range(md.num_reqs):
+            lo, hi, s = int(qsl[r]), int(qsl[r + 1]), int(md.seq_lens[r])
+            pos = torch.arange(s)
+            slots = md.block_table_tensor[r].long()[pos // self.block_size] * self.block_size + pos % self.block_size
+            kk, vv = ck[slots].repeat_interleave(rep, 1), cv[slots].repeat_interleave(rep, 1)
+            for j in range(hi - lo):
+                m = s - (hi - lo) + j + 1 if md.causal else s
+                w = torch.einsum("hd,shd->hs", q[lo + j], kk[:m]) * self.scale
+                out[lo + j] = torch.einsum("hs,shd->hd", w.softmax(-1), vv[:m])
+        return out.reshape(n, -1)
+
+
+def _rms_norm(out, x, weight, eps):
+    """`vllm._custom_ops.rms_norm` (absent from the CUDA wheel on CPU) as vLLM's RMSNorm
+    forward_native; a 2-D weight [L, d] is per outermost index (the grouped K-norm)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        w = weight.float()
+        if w.dim() == 2:
+            w = w.view(w.shape[0], *([1] * (x.dim() - 2)), w.shape[1])
+        y = y * w
+    out.copy_(y.to(out.dtype))
+
+
+def _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """`vllm._custom_ops.rotary_embedding` (in place) through vLLM's `RotaryEmbedding.forward_static`."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    q, k = RotaryEmbedding.forward_static(positions, query, key, head_size, cos_sin_cache.shape[-1],
+                                          cos_sin_cache, is_neox)
+    query.copy_(q)
+    if key is not None:
+        key.copy_(k)
+
+
+class _DSparkRun:
+    """vLLM 0.34's `SpecxDSparkSpeculator` built from a real engine config and set up as the runner
+    does (`load_model`: vLLM's DSpark loader, the target's embeddings and LM head shared;
+    `set_attn` with one draft KV-cache group; `init_cudagraph_manager(NONE)`), with the stand-ins
+    listed above. Request r's block-table row is `blocks[r]` (block 0 is vLLM's null block)."""
+
+    BLOCK, MAX_BLOCKS = 16, 32
+
+    def __init__(self, target, draft_dir, k, monkeypatch):
+        from vllm.config import set_current_vllm_config
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.model_executor.models import qwen3_dflash
+        from vllm.v1.attention.backend import AttentionCGSupport
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.worker.gpu.spec_decode import speculator as base_speculator
+
+        from vllm_specx.methods.dspark.vllm_model_v2 import SpecxDSparkSpeculator
+
+        monkeypatch.setattr(qwen3_dflash, "ops", SimpleNamespace(rms_norm=_rms_norm,
+                                                                 rotary_embedding=_rotary_embedding))
+        self.cfg = _engine_config(draft_dir, "specx_dspark", num_speculative_tokens=k)
+        self.cfg.compilation_config.custom_ops = ["none"]  # vLLM's native torch ops
+        with set_current_vllm_config(self.cfg):
+            _init_dist_once()
+            self.spec = spec = SpecxDSparkSpeculator(self.cfg, torch.device("cpu"))
+            spec.load_model(_target_head_module(target))
+        model = spec.model
+        names = model.get_draft_kv_cache_layer_names()
+        num_blocks = 1 + 2 * self.MAX_BLOCKS
+        self.attn = []
+        for i, layer in enumerate(model.model.layers):
+            sa = layer.self_attn
+            st = _PagedDenseAttention(names[i], sa.num_heads, sa.num_kv_heads, sa.head_dim, sa.scaling,
+                                      num_blocks, self.BLOCK)
+            sa.attn = model.model._attn_layers[i] = st  # the forward's layer and the precompute's
+            self.attn.append(st)
+        kv_spec = FullAttentionSpec(block_size=self.BLOCK, num_kv_heads=self.attn[0].kv_heads,
+                                    head_size=self.attn[0].head_dim, dtype=torch.float32)
+        kv_cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                               kv_cache_groups=[KVCacheGroupSpec(names, kv_spec)])
+        group = SimpleNamespace(  # an attention group whose builder hands back vLLM's common metadata
+            layer_names=names, kv_cache_spec=kv_spec, supports_draft_decode_metadata_update=False,
+            backend=SimpleNamespace(get_name=lambda: "dense stand-in"),
+            get_metadata_builder=lambda ubatch_idx=0: SimpleNamespace(supports_update_block_table=False),
+            build_metadata=lambda common, ubatch_idx=0, **kw: common)
+        cg = SimpleNamespace(min_cg_support=AttentionCGSupport.NEVER, min_cg_attn_backend="dense stand-in")
+        monkeypatch.setattr(base_speculator, "init_attn_backend", lambda *a, **kw: ([[group]], cg, []))
+        self.block_tables = SimpleNamespace(  # the fields of vLLM's BlockTables the DFlash path reads
+            block_sizes=[self.BLOCK], cp_rank=0, cp_size=1, cp_interleave=1,
+            input_block_tables=[torch.zeros(spec.max_num_reqs, self.MAX_BLOCKS, dtype=torch.int32)],
+            slot_mappings=torch.zeros(1, spec.max_num_tokens, dtype=torch.int64))
+        spec.set_attn(None, kv_cfg, self.block_tables, None, [])
+        spec.init_cudagraph_manager(CUDAGraphMode.NONE)
+
+    def propose(self, chunks, starts, taps, num_rejected, bonus, state_idx, blocks):
+        """One `propose` after a target pass: request r ran `chunks[r]` at positions starts[r]..,
+        `taps` [tokens, n_taps * H] their tapped hidden states (vLLM's aux hidden states, one per
+        tap), the last num_rejected[r] rejected drafts, bonus[r] the token sampled after; its
+        per-request state is row state_idx[r]."""
+        import numpy as np
+        from vllm.config import set_current_vllm_config
+
+        spec, n = self.spec, len(chunks)
+        lens = [len(c) for c in chunks]
+        for r, b in enumerate(blocks):
+            self.block_tables.input_block_tables[0][r] = torch.tensor(b, dtype=torch.int32)
+        seq_lens = torch.tensor([s + q for s, q in zip(starts, lens)], dtype=torch.int32)
+        idx = torch.tensor(state_idx, dtype=torch.int32)
+        batch = SimpleNamespace(
+            num_reqs=n, num_tokens=sum(lens), num_tokens_after_padding=sum(lens),
+            num_scheduled_tokens=np.array(lens, dtype=np.int32), seq_lens_cpu_upper_bound=seq_lens,
+            idx_mapping=idx, input_ids=torch.cat(chunks).int(), seq_lens=seq_lens,
+            positions=torch.cat([torch.arange(s, s + q) for s, q in zip(starts, lens)]),
+            query_start_loc=torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32))
+        m = spec.max_num_reqs
+        last_sampled = torch.zeros(m, dtype=torch.int64)
+        last_sampled[idx.long()] = torch.tensor(bonus)
+        aux = list(taps.split(taps.shape[-1] // len(spec.model.config.dflash_config["target_layer_ids"]), -1))
+        with set_current_vllm_config(self.cfg):
+            out = spec.propose(batch, None, None, aux[-1], aux, torch.ones(n, dtype=torch.int32),
+                               torch.tensor(num_rejected, dtype=torch.int32), last_sampled,
+                               torch.zeros(m, dtype=torch.int32), torch.zeros(m), torch.zeros(m, dtype=torch.int64))
+        return out.tolist()
+
+
+DSPARK_K = 7  # block 8, anchor layout: 7 query slots, 7 drafts
+
+
+def _dspark_two_passes(target, draft_dir, draft, monkeypatch, mutate=None):
+    """Two requests through two `propose` passes: a prompt prefill, then a verify pass where
+    request 0 keeps 2 of its drafts and request 1 none. Returns per pass (vLLM's drafts, the
+    reference's `greedy_drafts(taps[:a], ids[a], K, tokens=ids[:a])` per request). `mutate(run,
+    monkeypatch, pass)` breaks something before pass 1 / 2."""
+    k, layers = DSPARK_K, draft.cfg.target_layer_ids
+    run = _DSparkRun(target, draft_dir, k, monkeypatch)
+    torch.manual_seed(3)
+    prompts = [torch.randint(3, 4000, (9,)), torch.randint(3, 4000, (14,))]
+    bonus, state = [17, 301], [3, 1]  # per-request state rows differ from batch rows
+    blocks = [list(range(1, 33)), list(range(64, 32, -1))]  # request 1's blocks in reverse
+    if mutate:
+        mutate(run, monkeypatch, 1)
+    got1 = run.propose(prompts, [0, 0], torch.cat([target_taps(target, p[None], layers)[0] for p in prompts]),
+                       [0, 0], bonus, state, blocks)
+    if mutate:
+        mutate(run, monkeypatch, 2)
+    accepted, chunks, taps, seqs2 = [2, 0], [], [], []
+    for p, b, d, a in zip(prompts, bonus, got1, accepted):
+        chunk = torch.tensor([b, *d])  # the target verified the bonus and the k drafts
+        chunks.append(chunk)
+        taps.append(target_taps(target, torch.cat([p, chunk])[None], layers)[0][len(p):])
+        seqs2.append(torch.cat([p, torch.tensor([b, *d[:a], (d[a] + 1) % 4000])]))  # a kept, then a new token
+    got2 = run.propose(chunks, [len(p) for p in prompts], torch.cat(taps), [k - a for a in accepted],
+                       [int(s[-1]) for s in seqs2], state, blocks)
+    assert all(float(a.kv_cache[:, 0].abs().sum()) == 0 for a in run.attn)  # vLLM's null block: never written
+
+    def ref(ids):
+        a = len(ids) - 1
+        return draft.greedy_drafts(target_taps(target, ids[None, :a], layers)[0], int(ids[a]), k, tokens=ids[:a])
+
+    seqs1 = [torch.cat([p, torch.tensor([b])]) for p, b in zip(prompts, bonus)]
+    return [(got1, [ref(s) for s in seqs1]), (got2, [ref(s) for s in seqs2])]
+
+
+def _dspark_case(target, case, tmp_path):
+    """(draft dir, reference DSparkDraft): the committed ref-dspark (vanilla head), or a random
+    draft whose Markov head is scaled up so its bias moves the argmax."""
+    from .helpers import ASSETS, embed_and_head
+
+    if case == "ref-dspark":
+        from vllm_specx.methods.dspark.checkpoint import load_draft
+
+        path = ASSETS / "drafts" / "ref-dspark"
+        return str(path), load_draft(path, *embed_and_head(target))
+    kw = {"vanilla": dict(markov_head_type="vanilla"), "rnn": dict(markov_head_type="rnn"),
+          "gated": dict(markov_head_type="gated"),
+          "rnn-reduced-vocab": dict(markov_head_type="rnn", draft_vocab=list(range(0, 4096, 3)))}[case]
+    draft = random_draft(target, **kw)
+    with torch.no_grad():
+        draft.markov_head.markov_w1.weight.mul_(40.0)
+    return write(draft, tmp_path / case), draft
+
+
+@needs_034
+@pytest.mark.parametrize("case", ["ref-dspark", "rnn", "gated", "rnn-reduced-vocab"])
+def test_vllm_dspark_propose_on_our_model_drafts_the_reference(target, tmp_path, monkeypatch, case):
+    """vLLM 0.34's DSpark `propose` (two passes, two requests; the second a verify pass with one
+    request keeping 2 drafts and the other none) on our V2 model loaded by vLLM's DSpark loader
+    gives `DSparkDraft.greedy_drafts` token for token (reduced vocabulary: target ids through
+    vLLM's `map_draft_to_target`). Anchor layout; the committed ref-dspark is a vanilla head."""
+    draft_dir, draft = _dspark_case(target, case, tmp_path)
+    passes = _dspark_two_passes(target, draft_dir, draft, monkeypatch)
+    for got, ref in passes:
+        assert got == ref
+        assert len({tuple(r) for r in ref}) == 2  # the two requests draft differently
+    assert passes[0][1] != passes[1][1]
+
+
+def _skip_context_kv_in_pass_2(run, monkeypatch, stage):
+    if stage == 2:  # the verified tokens' context K/V never reach the draft KV cache
+        model = run.spec.model
+        orig = model.precompute_and_store_context_kv
+        monkeypatch.setattr(model, "precompute_and_store_context_kv", lambda s, p, slots=None: orig(s, p, None))
+
+
+def _shift_context_positions(run, monkeypatch, stage):
+    if stage == 1:  # context K rotated one position too far
+        model = run.spec.model
+        orig = model.precompute_and_store_context_kv
+        monkeypatch.setattr(model, "precompute_and_store_context_kv", lambda s, p, slots=None: orig(s, p + 1, slots))
+
+
+def _markov_anchor_from_slot_1(run, monkeypatch, stage):
+    if stage == 1:  # the Markov chain starts from the first mask slot's id, not the anchor
+        run.spec._anchor_idx += 1
+
+
+def _ignore_rejected(run, monkeypatch, stage):
+    if stage == 2:  # rejected drafts taken as context
+        orig = run.propose
+        run.propose = lambda chunks, starts, taps, rejected, *a: orig(chunks, starts, taps, [0] * len(rejected), *a)
+
+
+@needs_034
+@pytest.mark.parametrize("mutate", [_skip_context_kv_in_pass_2, _shift_context_positions,
+                                    _markov_anchor_from_slot_1, _ignore_rejected],
+                         ids=["skip-context-kv", "shift-context-positions", "wrong-markov-anchor",
+                              "ignore-rejected"])
+def test_dspark_propose_check_catches_mutations(target, tmp_path, monkeypatch, mutate):
+    """The comparison above is not vacuous: each of these breaks makes some draft differ."""
+    draft_dir, draft = _dspark_case(target, "vanilla", tmp_path)
+    passes = _dspark_two_passes(target, draft_dir, draft, monkeypatch, mutate)
+    assert any(got != ref for got, ref in passes)

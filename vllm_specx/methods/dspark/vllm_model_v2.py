@@ -36,6 +36,7 @@ VLLM_INTERNALS_V2 = (
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.markov_embed",
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.markov_bias",
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkModel",
+    "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.load_weights",
     "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator",
     "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator._sample_markov_chain",
     "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator._markov_step",
@@ -91,6 +92,26 @@ class SpecxDSparkBackbone(Qwen3DSparkModel):
         c = self.config
         self.markov_head = MarkovHead(c.vocab_size, getattr(c, "draft_vocab_size", None) or c.vocab_size,
                                       c.markov_rank, c.hidden_size, getattr(c, "markov_head_type", "vanilla"))
+
+    def load_weights(self, weights):
+        """vLLM's loader, but our Markov head's tensors are copied in by name: vLLM's DFlash name
+        mapper stacks every `.gate_proj` into the MLP's `.gate_up_proj`, which would send the
+        gated head's `markov_head.gate_proj.*` to a parameter that does not exist."""
+        head: dict[str, torch.Tensor] = {}
+
+        def backbone():
+            for name, w in weights:
+                if name.startswith("markov_head."):
+                    head[name.removeprefix("markov_head.")] = w
+                else:
+                    yield name, w
+
+        loaded = set(super().load_weights(backbone()))
+        params = dict(self.markov_head.named_parameters())
+        with torch.no_grad():
+            for name, w in head.items():
+                params[name].copy_(w)
+        return loaded | {f"markov_head.{name}" for name in head}
 
 
 class SpecxDSparkForCausalLM(SpecxMarkovHooks, Qwen3DSparkForCausalLM):
