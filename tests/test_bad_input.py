@@ -40,8 +40,8 @@ CASES = {
     "missing-field": ("config", lambda c: c["specx"].pop("markov_rank"),
                       "missing required field 'markov_rank'"),
     "bad-json": (lambda d: (d / "config.json").write_text("{not json"), "config.json: invalid JSON"),
-    "future-format-version": ("config", lambda c: _edit_specx(c, format_version=3),
-                              "specx.format_version 3 is not supported"),
+    "future-format-version": ("config", lambda c: _edit_specx(c, format_version=4),
+                              "specx.format_version 4 is not supported"),
     "bad-value-for-worker": ("config", lambda c: _edit_specx(c, mask_token_id=4096),
                              "mask_token_id 4096 outside vocab_size 4096"),
 }
