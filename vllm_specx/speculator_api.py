@@ -82,3 +82,61 @@ def register() -> None:
 def method_names() -> dict[str, str]:
     """Our registered name -> the built-in vLLM name that also serves our checkpoints."""
     return {m.name: m.builtin for m in v2_methods()}
+
+
+def checked_draft(spec, method_name: str, what: str, unsupported) -> object:
+    """The validated draft config of a vLLM `SpeculativeConfig`'s draft checkpoint for our method
+    `method_name`: read with vllm-specx's reader, every pre-engine check run
+    (`registry.check_draft`: config against the target, drafts per pass, tensors), and each
+    (field, is_set(cfg), why) of `unsupported` that is set refused. ValueError prefixed
+    `vllm-specx:` naming the file or field; `what` names the checkpoint kind expected."""
+    from vllm_specx import registry
+    from vllm_specx.checkpoint import read_config_json
+
+    path = spec.draft_model_config.model
+    try:
+        raw = read_config_json(path)
+        hit = registry.detect(raw)
+        if hit is None or hit[0].name != method_name:
+            raise ValueError(f"{path}/config.json: not a {what}")
+        method = hit[0]
+        cfg = method.read_config(raw, f"{path}/config.json")
+        target = registry.target_dims(spec.target_model_config.hf_text_config)
+        registry.check_draft(method, cfg, path, target, spec.num_speculative_tokens)
+        for field, is_set, why in unsupported:
+            if is_set(cfg):
+                raise ValueError(f"draft {path}: specx.{field} ({why}) is not served on vLLM's V2 "
+                                 "model runner yet; serve this draft with vLLM 0.32 / 0.33")
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(msg if msg.startswith("vllm-specx:") else f"vllm-specx: {msg}") from e
+    return cfg
+
+
+class SpecxSpeculatorConfig:
+    """What every vllm-specx `SpeculatorConfig` shares; mixed in before vLLM's own method config
+    (`class C(SpecxSpeculatorConfig, DSparkSpeculatorConfig)`), whose setup it inherits. A subclass
+    sets `read_draft` (spec -> the validated draft config, `checked_draft`) and `mirror` (hf
+    config, draft config -> None: what the worker's model reads)."""
+
+    supported_options: frozenset[str] = frozenset()  # vLLM refuses the rest by name
+    read_draft = None
+    mirror = None
+
+    @classmethod
+    def matches(cls, spec) -> bool:
+        # Our checkpoints are found by their architecture (its model class declares this
+        # config), never by the draft's path or model_type.
+        return False
+
+    @classmethod
+    def resolve_num_speculative_tokens(cls, spec) -> None:
+        """Default `num_speculative_tokens` to the draft's `max_drafts`; the bound is checked
+        with the rest in `apply_options`."""
+        if spec.num_speculative_tokens is None:
+            spec.num_speculative_tokens = cls.read_draft(spec).max_drafts
+
+    @classmethod
+    def apply_options(cls, spec) -> None:
+        cls.mirror(spec.draft_model_config.hf_config, cls.read_draft(spec))
+        super().apply_options(spec)

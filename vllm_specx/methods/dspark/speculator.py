@@ -32,10 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.worker.gpu.spec_decode.dspark.config import DSparkSpeculatorConfig
 
-from vllm_specx import registry
-from vllm_specx.checkpoint import read_config_json
 from vllm_specx.methods.dspark.config import SPECX_DSPARK_ARCH
-from vllm_specx.speculator_api import V2Method
+from vllm_specx.speculator_api import SpecxSpeculatorConfig, V2Method, checked_draft
 
 if TYPE_CHECKING:
     from vllm.config import SpeculativeConfig
@@ -71,29 +69,11 @@ V2_UNSUPPORTED = (
 
 
 def draft_config(spec: SpeculativeConfig):
-    """(method, validated DSparkDraftConfig) of the speculative config's draft checkpoint;
-    ValueError (`vllm-specx: ...`) naming the file or field when it is not a good vllm-specx
-    DSpark draft for this target and `num_speculative_tokens`."""
-    draft = spec.draft_model_config
-    path = draft.model
-    try:
-        raw = read_config_json(path)
-        hit = registry.detect(raw)
-        if hit is None or hit[0].name != "dspark":
-            raise ValueError(f"{path}/config.json: not a DSpark draft checkpoint (vllm-specx's "
-                             "`specx` block or speculators_model_type 'dspark')")
-        method = hit[0]
-        cfg = method.read_config(raw, f"{path}/config.json")
-        target = registry.target_dims(spec.target_model_config.hf_text_config)
-        registry.check_draft(method, cfg, path, target, spec.num_speculative_tokens)
-        for field, is_set, what in V2_UNSUPPORTED:
-            if is_set(cfg):
-                raise ValueError(f"draft {path}: {field} ({what}) is not served on vLLM's V2 "
-                                 "model runner yet; serve this draft with vLLM 0.32 / 0.33")
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if msg.startswith("vllm-specx:") else f"vllm-specx: {msg}") from e
-    return method, cfg
+    """The validated DSparkDraftConfig of the speculative config's draft checkpoint; ValueError
+    (`vllm-specx: ...`) naming the file or field when it is not a good vllm-specx DSpark draft
+    for this target and `num_speculative_tokens` (`speculator_api.checked_draft`)."""
+    return checked_draft(spec, "dspark", "DSpark draft checkpoint (vllm-specx's `specx` block or "
+                         "speculators_model_type 'dspark')", V2_UNSUPPORTED)
 
 
 def mirror_hf(hf: Any, cfg) -> None:
@@ -112,29 +92,10 @@ def mirror_hf(hf: Any, cfg) -> None:
     hf.specx_config = cfg.to_dict()
 
 
-class SpecxDSparkSpeculatorConfig(DSparkSpeculatorConfig):
+class SpecxDSparkSpeculatorConfig(SpecxSpeculatorConfig, DSparkSpeculatorConfig):
     """vllm-specx DSpark on vLLM's V2 runner (see the module docstring)."""
 
     base_method = "dspark"
     speculator_class = SPECULATOR
-    supported_options: frozenset[str] = frozenset()
-
-    @classmethod
-    def matches(cls, spec: SpeculativeConfig) -> bool:
-        # Our checkpoints are found by their architecture (its model class declares this
-        # config), never by the draft's path.
-        return False
-
-    @classmethod
-    def resolve_num_speculative_tokens(cls, spec: SpeculativeConfig) -> None:
-        """Default `num_speculative_tokens` to the draft's `max_drafts` (its block); the bound
-        is checked with the rest in `apply_options`."""
-        if spec.num_speculative_tokens is None:
-            _, cfg = draft_config(spec)
-            spec.num_speculative_tokens = cfg.max_drafts
-
-    @classmethod
-    def apply_options(cls, spec: SpeculativeConfig) -> None:
-        _, cfg = draft_config(spec)
-        mirror_hf(spec.draft_model_config.hf_config, cfg)
-        super().apply_options(spec)
+    read_draft = staticmethod(draft_config)
+    mirror = staticmethod(mirror_hf)

@@ -49,10 +49,8 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.worker.gpu.spec_decode.mtp.config import MTPSpeculatorConfig
 
-from vllm_specx import registry
-from vllm_specx.checkpoint import read_config_json
 from vllm_specx.methods.mtp.config import SPECX_MTP_ARCH
-from vllm_specx.speculator_api import V2Method
+from vllm_specx.speculator_api import SpecxSpeculatorConfig, V2Method, checked_draft
 
 if TYPE_CHECKING:
     from vllm.config import SpeculativeConfig
@@ -91,26 +89,9 @@ V2_UNSUPPORTED = (
 def draft_config(spec: SpeculativeConfig):
     """The validated MTPDraftConfig of the speculative config's draft checkpoint; ValueError
     (`vllm-specx: ...`) naming the file or field when it is not a vllm-specx MTP draft this
-    path serves for this target and `num_speculative_tokens`."""
-    path = spec.draft_model_config.model
-    try:
-        raw = read_config_json(path)
-        hit = registry.detect(raw)
-        if hit is None or hit[0].name != "mtp":
-            raise ValueError(f"{path}/config.json: not a vllm-specx MTP draft checkpoint (its `specx` "
-                             "block with method 'mtp')")
-        method = hit[0]
-        cfg = method.read_config(raw, f"{path}/config.json")
-        target = registry.target_dims(spec.target_model_config.hf_text_config)
-        registry.check_draft(method, cfg, path, target, spec.num_speculative_tokens)
-        for field, is_set, what in V2_UNSUPPORTED:
-            if is_set(cfg):
-                raise ValueError(f"draft {path}: specx.{field} ({what}) is not served on vLLM's V2 "
-                                 "model runner")
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(msg if msg.startswith("vllm-specx:") else f"vllm-specx: {msg}") from e
-    return cfg
+    path serves for this target and `num_speculative_tokens` (`speculator_api.checked_draft`)."""
+    return checked_draft(spec, "mtp", "vllm-specx MTP draft checkpoint (its `specx` block with method "
+                         "'mtp')", V2_UNSUPPORTED)
 
 
 def mirror_hf(hf, cfg) -> None:
@@ -120,18 +101,13 @@ def mirror_hf(hf, cfg) -> None:
     hf.specx_config = cfg.to_dict()
 
 
-class SpecxMTPSpeculatorConfig(MTPSpeculatorConfig):
+class SpecxMTPSpeculatorConfig(SpecxSpeculatorConfig, MTPSpeculatorConfig):
     """vllm-specx MTP on vLLM's V2 runner (see the module docstring)."""
 
     base_method = "mtp"
     speculator_class = SPECULATOR
-    supported_options: frozenset[str] = frozenset()
-
-    @classmethod
-    def matches(cls, spec: SpeculativeConfig) -> bool:
-        # Our checkpoints are found by their architecture (its model class declares this
-        # config), never by model_type or path.
-        return False
+    read_draft = staticmethod(draft_config)
+    mirror = staticmethod(mirror_hf)
 
     @classmethod
     def adapt_draft_model_config(cls, spec: SpeculativeConfig) -> None:
@@ -139,15 +115,3 @@ class SpecxMTPSpeculatorConfig(MTPSpeculatorConfig):
         # (`DraftModelSpeculatorConfig.configure`): resolve our default first.
         cls.resolve_num_speculative_tokens(spec)
         super().adapt_draft_model_config(spec)
-
-    @classmethod
-    def resolve_num_speculative_tokens(cls, spec: SpeculativeConfig) -> None:
-        """Default `num_speculative_tokens` to the draft's `max_drafts`; the bound is checked
-        with the rest in `apply_options`."""
-        if spec.num_speculative_tokens is None:
-            spec.num_speculative_tokens = draft_config(spec).max_drafts
-
-    @classmethod
-    def apply_options(cls, spec: SpeculativeConfig) -> None:
-        mirror_hf(spec.draft_model_config.hf_config, draft_config(spec))
-        super().apply_options(spec)
