@@ -12,24 +12,14 @@ import torch
 
 from vllm_specx.methods.dspark import train
 from vllm_specx.methods.dspark.checkpoint import load_draft, read_config, save_specx, save_speculators
-from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, next_ids_of
 from vllm_specx.training.blocks import anchor_positions
 
-TARGET = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-          "intermediate_size": 32, "vocab_size": 50, "rms_norm_eps": 1e-6, "rope_theta": 100.0}
-
+from .test_dspark_torch import tiny as tiny_draft
 
 def tiny(stream="fused", anchor=True, **options) -> DSparkDraft:
-    cfg = DSparkDraftConfig.for_target(TARGET, target_layer_ids=(0, 2), num_hidden_layers=2, block_size=5,
-                                       mask_token_id=3, markov_rank=4, sample_from_anchor=anchor,
-                                       next_token_stream=stream, **options)
-    torch.manual_seed(0)
-    emb = torch.randn(50, 16)
-    d = DSparkDraft(cfg, emb, emb)
-    for p in d.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return d
+    """`test_dspark_torch.tiny` (same shapes, seed and init) with the next-token stream `stream`."""
+    return tiny_draft(anchor, next_token_stream=stream, **options)
 
 
 def _sample(length=24, prompt=6, seed=0):

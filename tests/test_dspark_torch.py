@@ -7,12 +7,12 @@ from vllm_specx.methods.dspark.config import DSparkDraftConfig
 from vllm_specx.methods.dspark.model import DSparkDraft, block_mask
 
 
-def tiny(anchor=True) -> DSparkDraft:
+def tiny(anchor=True, **options) -> DSparkDraft:
     target = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
               "intermediate_size": 32, "vocab_size": 50, "rms_norm_eps": 1e-6, "rope_theta": 100.0}
     cfg = DSparkDraftConfig.for_target(target, target_layer_ids=(0, 2), num_hidden_layers=2,
                                        block_size=5, mask_token_id=3, markov_rank=4,
-                                       sample_from_anchor=anchor)
+                                       sample_from_anchor=anchor, **options)
     torch.manual_seed(0)
     emb = torch.randn(50, 16)
     d = DSparkDraft(cfg, emb, emb)

@@ -58,11 +58,12 @@ def test_unsupported_versions_name_the_range(version):
 
 # ---- vLLM >= 0.34 ------------------------------------------------------------------------------
 
-@needs_034
-def test_register_uses_the_speculator_api_and_patches_nothing():
-    """In a fresh process (as vLLM's plugin loader calls it): our method name and draft
-    architecture are registered with vLLM, and none of the V1-runner patches are imported."""
-    code = """
+def _registered_in_fresh_process(method: str, arch: str) -> dict:
+    """What a fresh process sees after `vllm_specx.register()` (called twice: it is idempotent),
+    as vLLM's plugin loader calls it: the registered methods, `method`'s config class, its base
+    method and speculator, whether `arch` is registered, which V1-runner patch modules are
+    imported and what the 0.34 path patches."""
+    code = f"""
 import json, sys
 import vllm_specx
 vllm_specx.register()
@@ -70,20 +71,27 @@ vllm_specx.register()  # idempotent
 from vllm import ModelRegistry
 from vllm.v1.worker.gpu.spec_decode import speculator_config as sc
 from vllm_specx import speculator_api
-cls = sc.get_custom_speculator_config_class("specx_dspark")
-print(json.dumps({
+cls = sc.get_custom_speculator_config_class({method!r})
+print(json.dumps({{
     "methods": sc.registered_speculative_methods(),
-    "config": f"{cls.__module__}.{cls.__qualname__}", "base": cls.base_method,
+    "config": f"{{cls.__module__}}.{{cls.__qualname__}}", "base": cls.base_method,
     "speculator": cls.speculator_class,
-    "arch": "SpecxDSparkModel" in ModelRegistry.get_supported_archs(),
+    "arch": {arch!r} in ModelRegistry.get_supported_archs(),
     "compat_loaded": sorted(m for m in sys.modules if m.startswith("vllm_specx._vllm_compat")),
     "patched": list(speculator_api.PATCHED),
-}))
+}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@needs_034
+def test_register_uses_the_speculator_api_and_patches_nothing():
+    """In a fresh process (as vLLM's plugin loader calls it): our method name and draft
+    architecture are registered with vLLM, and none of the V1-runner patches are imported."""
+    got = _registered_in_fresh_process("specx_dspark", "SpecxDSparkModel")
     assert "specx_dspark" in got["methods"]
     assert got["config"] == "vllm_specx.methods.dspark.speculator.SpecxDSparkSpeculatorConfig"
     assert got["base"] == "dspark"
@@ -305,25 +313,7 @@ def mtp_dir(target, tmp_path_factory):
 def test_mtp_registers_through_the_speculator_api():
     """In a fresh process: `specx_mtp` and the `SpecxMTPModel` architecture are registered, the
     config is ours on vLLM's MTP, and nothing of the V1-runner patches is imported."""
-    code = """
-import json, sys
-import vllm_specx
-vllm_specx.register()
-from vllm import ModelRegistry
-from vllm.v1.worker.gpu.spec_decode import speculator_config as sc
-cls = sc.get_custom_speculator_config_class("specx_mtp")
-print(json.dumps({
-    "methods": sc.registered_speculative_methods(),
-    "config": f"{cls.__module__}.{cls.__qualname__}", "base": cls.base_method,
-    "speculator": cls.speculator_class,
-    "arch": "SpecxMTPModel" in ModelRegistry.get_supported_archs(),
-    "compat_loaded": sorted(m for m in sys.modules if m.startswith("vllm_specx._vllm_compat")),
-}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _registered_in_fresh_process("specx_mtp", "SpecxMTPModel")
     assert {"specx_mtp", "specx_dspark"} <= set(got["methods"])
     assert got["config"] == "vllm_specx.methods.mtp.speculator.SpecxMTPSpeculatorConfig"
     assert got["base"] == "mtp"
