@@ -95,8 +95,7 @@ def test_checkpoint_carries_the_stream_and_old_versions_read_unchanged(tmp_path)
 
 
 def test_proposer_next_ids_of_each_context_row():
-    pytest.importorskip("vllm")
-    from vllm_specx.methods.dspark.proposer import context_next_ids
+    from vllm_specx.methods.dspark.model import context_next_ids
 
     # two requests: 4 rows (the last 2 rejected drafts) and 3 rows (none rejected)
     ids = torch.tensor([10, 11, 12, 13, 20, 21, 22])
@@ -106,6 +105,9 @@ def test_proposer_next_ids_of_each_context_row():
     assert nxt[4:].tolist() == [21, 22, 98]
     nxt = context_next_ids(ids, torch.tensor([99, 98]), qsl, None, 2)  # unpadded: every row accepted
     assert nxt.tolist() == [11, 12, 13, 99, 21, 22, 98]
+    # a padded request (no rows, as in a CUDA graph's padding) writes nowhere
+    nxt = context_next_ids(ids, torch.tensor([99, 98, 97]), torch.tensor([0, 4, 7, 7]), torch.tensor([2, 0, 0]), 3)
+    assert nxt.tolist() == [11, 99, 13, 20, 21, 22, 98]
 
 
 def test_unique_anchor_draw():

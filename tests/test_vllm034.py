@@ -294,8 +294,8 @@ def test_vllm_dspark_loop_on_our_hooks_drafts_the_reference(target, kw):
 #
 # Our MTP checkpoint is served by vLLM's own MTP (`MTPSpeculator`, a `TargetDependentARSpeculator`)
 # on our layer (`SpecxMTPV2ForCausalLM`), through `SpecxMTPSpeculatorConfig`; vLLM's MTP loop is
-# the reference's chain with kv_share off, so KVShare (and the K3 fusion, lm_head_from_target) are
-# refused by name.
+# the reference's chain with kv_share off, and with KVShare when our speculator holds the sequence
+# length at step 0's; the K3 fusion is refused by name.
 
 MTP_K = 4
 REF_MTP = REF_TARGET.parent / "drafts" / "ref-mtp"  # committed; trained with kv_share on
@@ -393,21 +393,12 @@ def test_bad_mtp_checkpoint_refused_naming_the_field(mtp_dir, tmp_path):
 @needs_034
 @pytest.mark.parametrize("method", ["specx_mtp", "mtp", None])
 def test_mtp_v2_unsupported_features_refused_by_name(target, tmp_path, method):
-    """The committed ref-mtp (KVShare on) and ref-mtp-k3 (K3 fusion), and a reduced vocabulary
-    whose LM-head rows come from the target: each refused naming its field, on every spelling."""
-    import dataclasses
-
-    from vllm_specx.methods.mtp import checkpoint
-
-    from .helpers import random_mtp
-
-    d = random_mtp(target, kv_share=False, draft_vocab=list(range(0, 4096, 3)))
-    d.cfg = dataclasses.replace(d.cfg, lm_head_from_target=True)
-    checkpoint.save(d, tmp_path / "from-target")
-    for draft, field in [(REF_MTP, "kv_share"), (REF_MTP.parent / "ref-mtp-k3", "fusion_layer_ids"),
-                         (tmp_path / "from-target", "lm_head_from_target")]:
-        with pytest.raises(Exception, match=rf"vllm-specx: draft .*specx\.{field} .*not served on vLLM's V2"):
-            _engine_config(draft, method, num_speculative_tokens=MTP_K)
+    """The committed ref-mtp-k3 (K3 fusion: vLLM's MTP loop hands an MTP drafter no aux hidden
+    states) is refused naming its field, on every spelling; the committed KVShare drafts are not
+    (they are served: `test_vllm_mtp_propose_on_our_model_drafts_the_reference`)."""
+    with pytest.raises(Exception, match=r"vllm-specx: draft .*specx\.fusion_layer_ids .*not served on vLLM's V2"):
+        _engine_config(REF_MTP.parent / "ref-mtp-k3", method, num_speculative_tokens=MTP_K)
+    _engine_config(REF_MTP, method, num_speculative_tokens=MTP_K)  # KVShare: accepted
 
 
 # ---- vLLM 0.34's MTP propose on our V2 model, against the reference ----------------------------
@@ -504,6 +495,9 @@ class _MTPRun:
             self.target_parts = _target_head_module(target)
             self.spec = SpecxMTPSpeculator(self.cfg, torch.device("cpu"))
             self.spec.model = self.spec.load_draft_model(self.target_parts, set())
+        # loading the draft (lm_head_from_target: rows copied in) leaves the target's own head alone
+        assert torch.equal(self.target_parts.lm_head.weight, target.lm_head.weight)
+        assert self.spec.model.lm_head is not self.target_parts.lm_head or self.spec.model.draft_id_to_target_id is None
         sa = self.spec.model.model.mtp_block.self_attn
         self.attn = _DenseAttention(self.spec.input_buffers, sa.num_heads, sa.num_kv_heads, sa.head_dim,
                                     sa.scaling, self.MAX_REQS, self.MAX_LEN)
@@ -581,24 +575,37 @@ def _mtp_cases(target, tmp, mtp_dir):
 
     if tmp is None:  # the committed ref-mtp, kv_share off
         return mtp_dir, checkpoint.load(mtp_dir, *embed_and_head(target))
-    d = random_mtp(target, kv_share=False, draft_vocab=list(range(0, 4096, 3)))
-    checkpoint.save(d, tmp / "reduced")
-    return str(tmp / "reduced"), checkpoint.load(tmp / "reduced", *embed_and_head(target))
+    if tmp == "ref-mtp-kv-share":  # the committed ref-mtp as trained
+        return str(REF_MTP), checkpoint.load(REF_MTP, *embed_and_head(target))
+    tmp, case = tmp
+    d = random_mtp(target, kv_share=case != "random-reduced-vocab", draft_vocab=list(range(0, 4096, 3)))
+    checkpoint.save(d, tmp / case)
+    if case == "random-kv-share-lm-head-from-target":  # as the committed SmolLM2 MTP draft
+        from vllm_specx import vocab
+
+        assert vocab.omit_target_head(tmp / case, embed_and_head(target)[1])
+    return str(tmp / case), checkpoint.load(tmp / case, *embed_and_head(target))
 
 
 @needs_034
-@pytest.mark.parametrize("case", ["ref-mtp", "random-reduced-vocab"])
+@pytest.mark.parametrize("case", ["ref-mtp", "random-reduced-vocab", "ref-mtp-kv-share", "random-kv-share",
+                                  "random-kv-share-lm-head-from-target"])
 def test_vllm_mtp_propose_on_our_model_drafts_the_reference(target, mtp_dir, tmp_path, case):
     """vLLM 0.34's MTP `propose` (two passes: a prompt prefill, then a verify pass with rejected
-    drafts) on our V2 model loaded by vLLM's MTP loader gives `MTPDraft.greedy_drafts` with
-    kv_share off, token for token, for both requests and both passes (reduced vocabulary: target
-    ids through the model's scatter). And not the KVShare chain: that is why it is refused."""
-    draft_dir, reference = _mtp_cases(target, None if case == "ref-mtp" else tmp_path, mtp_dir)
+    drafts) on our V2 model loaded by vLLM's MTP loader gives `MTPDraft.greedy_drafts` token for
+    token, for both requests and both passes (reduced vocabulary: target ids through the model's
+    scatter): the mixed-KV chain for a `kv_share: false` draft and not the KVShare one, and the
+    KVShare chain for a KVShare draft (the committed ref-mtp as trained; a reduced one whose LM-head
+    rows are the target's, as the committed SmolLM2 draft) and not the mixed one."""
+    tmp = {"ref-mtp": None, "ref-mtp-kv-share": "ref-mtp-kv-share"}.get(case, (tmp_path, case))
+    draft_dir, reference = _mtp_cases(target, tmp, mtp_dir)
     passes = _mtp_drafts_vs_reference(target, draft_dir, reference)
-    for got, ref_mixed, _ in passes:
-        assert got == ref_mixed
+    shared = reference.cfg.kv_share
+    assert shared == ("kv-share" in case)
+    for got, ref_mixed, ref_shared in passes:
+        assert got == (ref_shared if shared else ref_mixed)
         assert len({tuple(r) for r in ref_mixed}) == 2  # the requests draft differently
-    assert any(got != ref_shared for got, _, ref_shared in passes)
+    assert any(got != (ref_mixed if shared else ref_shared) for got, ref_mixed, ref_shared in passes)
 
 
 @needs_034
@@ -727,7 +734,9 @@ class _DSparkRun:
         with set_current_vllm_config(self.cfg):
             _init_dist_once()
             self.spec = spec = SpecxDSparkSpeculator(self.cfg, torch.device("cpu"))
-            spec.load_model(_target_head_module(target))
+            spec.load_model(parts := _target_head_module(target))
+        # loading the draft (lm_head_from_target: rows copied in) leaves the target's own head alone
+        assert torch.equal(parts.lm_head.weight, target.lm_head.weight)
         model = spec.model
         names = model.get_draft_kv_cache_layer_names()
         num_blocks = 1 + 2 * self.MAX_BLOCKS
@@ -837,20 +846,31 @@ def _dspark_case(target, case, tmp_path):
         return str(path), load_draft(path, *embed_and_head(target))
     kw = {"vanilla": dict(markov_head_type="vanilla"), "rnn": dict(markov_head_type="rnn"),
           "gated": dict(markov_head_type="gated"),
-          "rnn-reduced-vocab": dict(markov_head_type="rnn", draft_vocab=list(range(0, 4096, 3)))}[case]
+          "rnn-reduced-vocab": dict(markov_head_type="rnn", draft_vocab=list(range(0, 4096, 3))),
+          "next-added": dict(next_token_stream="added"), "next-fused": dict(next_token_stream="fused"),
+          "next-added-reduced-vocab": dict(next_token_stream="added", draft_vocab=list(range(0, 4096, 3))),
+          "next-added-lm-head-from-target": dict(next_token_stream="added", draft_vocab=list(range(0, 4096, 3)))}[case]
     draft = random_draft(target, **kw)
     with torch.no_grad():
         draft.markov_head.markov_w1.weight.mul_(40.0)
-    return write(draft, tmp_path / case), draft
+    path = write(draft, tmp_path / case)
+    if case.endswith("lm-head-from-target"):  # as the committed SmolLM2 draft: no lm_head rows on disk
+        from vllm_specx import vocab
+
+        assert vocab.omit_target_head(path, embed_and_head(target)[1])
+    return path, draft
 
 
 @needs_034
-@pytest.mark.parametrize("case", ["ref-dspark", "rnn", "gated", "rnn-reduced-vocab"])
+@pytest.mark.parametrize("case", ["ref-dspark", "rnn", "gated", "rnn-reduced-vocab", "next-added", "next-fused",
+                                  "next-added-reduced-vocab", "next-added-lm-head-from-target"])
 def test_vllm_dspark_propose_on_our_model_drafts_the_reference(target, tmp_path, monkeypatch, case):
     """vLLM 0.34's DSpark `propose` (two passes, two requests; the second a verify pass with one
     request keeping 2 drafts and the other none) on our V2 model loaded by vLLM's DSpark loader
     gives `DSparkDraft.greedy_drafts` token for token (reduced vocabulary: target ids through
-    vLLM's `map_draft_to_target`). Anchor layout; the committed ref-dspark is a vanilla head."""
+    vLLM's `map_draft_to_target`). Anchor layout; the committed ref-dspark is a vanilla head.
+    next-*: the next-token stream, its context rows' next tokens built by our speculator (the
+    reference reads x_{t+1} of every row from the token sequence)."""
     draft_dir, draft = _dspark_case(target, case, tmp_path)
     passes = _dspark_two_passes(target, draft_dir, draft, monkeypatch)
     for got, ref in passes:
@@ -894,3 +914,43 @@ def test_dspark_propose_check_catches_mutations(target, tmp_path, monkeypatch, m
     draft_dir, draft = _dspark_case(target, "vanilla", tmp_path)
     passes = _dspark_two_passes(target, draft_dir, draft, monkeypatch, mutate)
     assert any(got != ref for got, ref in passes)
+
+
+def _stream_without_bonus(run, monkeypatch, stage):
+    if stage == 2:  # a request's last accepted row gets its own token, not the anchor, as next token
+        from vllm_specx.methods.dspark import vllm_model_v2 as v2
+
+        orig = v2.context_next_ids
+        monkeypatch.setattr(v2, "context_next_ids", lambda ids, anchors, *a: orig(ids, ids[:0].new_zeros(
+            anchors.shape) + ids[0], *a))
+
+
+def _stream_ignoring_rejected(run, monkeypatch, stage):
+    if stage == 2:  # the bonus token written after the rejected drafts, not after the last accepted row
+        from vllm_specx.methods.dspark import vllm_model_v2 as v2
+
+        orig = v2.context_next_ids
+        monkeypatch.setattr(v2, "context_next_ids", lambda ids, anchors, qsl, rej, n: orig(ids, anchors, qsl, None, n))
+
+
+def _stream_cut(run, monkeypatch, stage):
+    if stage == 1:  # the speculator hands the model no next tokens: the write is refused
+        monkeypatch.setattr(run.spec, "_stream", False)
+
+
+@needs_034
+@pytest.mark.parametrize("mutate", [_stream_without_bonus, _stream_ignoring_rejected],
+                         ids=["no-bonus-token", "ignore-rejected"])
+def test_dspark_stream_check_catches_mutations(target, tmp_path, monkeypatch, mutate):
+    """The next-token stream's comparison is not vacuous: the wrong next token for the last
+    accepted row changes some draft."""
+    draft_dir, draft = _dspark_case(target, "next-added", tmp_path)
+    passes = _dspark_two_passes(target, draft_dir, draft, monkeypatch, mutate)
+    assert passes[0][0] == passes[0][1] and passes[1][0] != passes[1][1]
+
+
+@needs_034
+def test_dspark_stream_rows_without_next_tokens_are_refused(target, tmp_path, monkeypatch):
+    draft_dir, draft = _dspark_case(target, "next-added", tmp_path)
+    with pytest.raises(RuntimeError, match="next_token_stream: context rows reached the draft without"):
+        _dspark_two_passes(target, draft_dir, draft, monkeypatch, _stream_cut)

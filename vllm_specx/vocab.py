@@ -179,36 +179,44 @@ def target_rows(lm_head: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     return lm_head.detach()[ids.to(lm_head.device)]
 
 
+def install_target_rows(draft_model: torch.nn.Module, head, cfg) -> None:
+    """Copy the target LM head's rows at the draft's `d2t` into its own reduced [Vd, H] `lm_head`
+    (a draft saved with `lm_head_from_target`; `draft_model` is vLLM's draft model on any of our
+    vLLM paths). `head` is the target's LM-head weight as this rank holds it; refused, naming the
+    field, when it is not the whole [V, H] float table (a tensor-parallel or quantised target)."""
+    if not isinstance(head, torch.Tensor) or head.shape[0] < cfg.vocab_size:
+        rows = None if not isinstance(head, torch.Tensor) else head.shape[0]
+        raise ValueError(f"draft config {FROM_TARGET}: the draft's LM head rows come from the "
+                         f"target's LM head, but this rank holds {rows} of its {cfg.vocab_size} "
+                         f"rows (a tensor-parallel target?); serve it with tensor_parallel_size 1 "
+                         f"or use a draft that carries its own '{HEAD}'")
+    lm_head = draft_model.lm_head
+    if not head.is_floating_point() or head.shape[-1] != lm_head.weight.shape[-1]:
+        raise ValueError(f"draft config {FROM_TARGET}: the target's LM head is stored as {head.dtype} "
+                         f"{list(head.shape)} (quantised?), not the [V, {lm_head.weight.shape[-1]}] "
+                         f"rows the draft scores with; use a draft that carries its own '{HEAD}'")
+    with torch.no_grad():
+        lm_head.weight[:cfg.draft_vocab_size].copy_(target_rows(head, draft_model.draft_id_to_target_id.data))
+    # vLLM prepared the head's weights after loading (on the CPU: a packed GEMM copy that the
+    # logits read); prepare them again from the rows just copied in.
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(lm_head)
+    draft_model.has_own_lm_head = True
+
+
 class TargetHeadRows:
-    """For a proposer whose draft may take its reduced-vocabulary `lm_head` rows from the target
-    (`lm_head_from_target`): when vLLM's `load_model` offers the target's LM head
+    """For a vLLM 0.32 / 0.33 proposer whose draft may take its reduced-vocabulary `lm_head` rows
+    from the target (`lm_head_from_target`): when vLLM's `load_model` offers the target's LM head
     (`_maybe_share_lm_head`), copy the target's rows at `d2t` into the draft's own [Vd, H] head
-    instead. Needs the whole target head on this rank (tensor_parallel_size 1): refused otherwise."""
+    instead (`install_target_rows`)."""
 
     def _maybe_share_lm_head(self, target_language_model) -> None:
         _, cfg = registry.config_of(self.draft_model_config.hf_config)
         if not getattr(cfg, FROM_TARGET, False):
             return super()._maybe_share_lm_head(target_language_model)
         head = getattr(getattr(target_language_model, "lm_head", None), "weight", None)
-        if not isinstance(head, torch.Tensor) or head.shape[0] < cfg.vocab_size:
-            rows = None if not isinstance(head, torch.Tensor) else head.shape[0]
-            raise ValueError(f"draft config {FROM_TARGET}: the draft's LM head rows come from the "
-                             f"target's LM head, but this rank holds {rows} of its {cfg.vocab_size} "
-                             f"rows (a tensor-parallel target?); serve it with tensor_parallel_size 1 "
-                             f"or use a draft that carries its own '{HEAD}'")
-        lm_head = self.model.lm_head
-        if not head.is_floating_point() or head.shape[-1] != lm_head.weight.shape[-1]:
-            raise ValueError(f"draft config {FROM_TARGET}: the target's LM head is stored as {head.dtype} "
-                             f"{list(head.shape)} (quantised?), not the [V, {lm_head.weight.shape[-1]}] "
-                             f"rows the draft scores with; use a draft that carries its own '{HEAD}'")
-        with torch.no_grad():
-            lm_head.weight[:cfg.draft_vocab_size].copy_(target_rows(head, self.model.draft_id_to_target_id.data))
-        # vLLM prepared the head's weights after loading (on the CPU: a packed GEMM copy that the
-        # logits read); prepare them again from the rows just copied in.
-        method = getattr(lm_head, "quant_method", None)
-        if method is not None:
-            method.process_weights_after_loading(lm_head)
-        self.model.has_own_lm_head = True
+        install_target_rows(self.model, head, cfg)
 
 
 def omit_target_head(path, lm_head: torch.Tensor) -> bool:

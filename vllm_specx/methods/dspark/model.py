@@ -402,6 +402,28 @@ def next_ids_of(tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return torch.cat([tokens[:, 1:], last.to(tokens.dtype)], 1)
 
 
+def context_next_ids(target_token_ids: torch.Tensor, next_token_ids: torch.Tensor,
+                     query_start_loc: torch.Tensor, num_rejected: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """x_{t+1} of every context row of a serving pass (`next_ids_of` for a batch as vLLM lays it
+    out; both vLLM paths call it): request r's rows are target_token_ids[qsl[r]:qsl[r+1]] (the
+    tokens the target just verified, the last `num_rejected[r]` of them rejected drafts); a row's
+    next token is the row after it, and for the request's last accepted row the token just sampled
+    (`next_token_ids[r]`: the bonus token, the next draft pass's anchor). A rejected row's value
+    does not matter: it lies at or past the anchor's position, which the draft's attention never
+    reads and the next pass rewrites. No host sync (vLLM 0.34 runs it inside a CUDA graph): a
+    request with no accepted row writes into a spare row that is dropped."""
+    n = target_token_ids.shape[0]
+    nxt = target_token_ids.new_zeros(n + 1)
+    nxt[: n - 1] = target_token_ids[1:]
+    qsl = query_start_loc[: batch + 1].long().to(target_token_ids.device)
+    last = qsl[1:] - 1
+    if num_rejected is not None:
+        last = last - num_rejected[:batch].long().to(last.device)
+    ok = (last >= qsl[:-1]) & (last < n)
+    nxt[torch.where(ok, last, n)] = next_token_ids[:batch].to(nxt.dtype)
+    return nxt[:n]
+
+
 def reduced(draft: DSparkDraft, ids: torch.Tensor) -> DSparkDraft:
     """`draft` restricted to a draft vocabulary (target ids `ids`, `vllm_specx.vocab`): the same
     weights, its output rows (lm_head, the Markov head's W2) cut to `ids`. Its logits are the full

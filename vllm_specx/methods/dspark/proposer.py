@@ -40,7 +40,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm_specx import registry, vocab
 from vllm_specx.adaptive.estimator import feature
 from vllm_specx.adaptive.proposer import AdaptiveProposer, drain_writes, make_adaptive, top_probability
-from vllm_specx.methods.dspark.model import greedy_pick, reads_anchor_slot, sequential_drafts
+from vllm_specx.methods.dspark.model import context_next_ids, greedy_pick, reads_anchor_slot, sequential_drafts
 from vllm_specx.sample.draft_sampling import hands_draft_probs, probabilistic_pick
 
 logger = logging.getLogger("vllm.specx")
@@ -226,24 +226,3 @@ class DSparkProposer(vocab.TargetHeadRows, AdaptiveProposer, DFlashProposer):
                                device=dev, dtype=dtype)
             skip[r] = time_call(lambda: self.model.combine_hidden_states(taps), dev)
         return backbone, slot, skip
-
-
-def context_next_ids(target_token_ids: torch.Tensor, next_token_ids: torch.Tensor,
-                     query_start_loc: torch.Tensor, num_rejected: torch.Tensor | None, batch: int) -> torch.Tensor:
-    """x_{t+1} of every context row of a pass (the next-token stream, `model.py`): request r's rows
-    are target_token_ids[qsl[r]:qsl[r+1]] (the tokens the target just verified, the last
-    `num_rejected[r]` of them rejected drafts); a row's next token is the row after it, and for
-    the request's last accepted row the token just sampled (`next_token_ids[r]`: the bonus token,
-    the next draft pass's anchor). A rejected row's value does not matter: it lies at or past the
-    anchor's position, which the draft's attention never reads and the next pass rewrites."""
-    n = target_token_ids.shape[0]
-    nxt = torch.empty_like(target_token_ids)
-    nxt[:-1] = target_token_ids[1:]
-    nxt[-1:] = 0
-    qsl = query_start_loc[: batch + 1].long().to(target_token_ids.device)
-    last = qsl[1:] - 1
-    if num_rejected is not None:
-        last = last - num_rejected[:batch].long().to(last.device)
-    ok = (last >= qsl[:-1]) & (last < n)  # a request with no accepted row in this pass has none to set
-    nxt[last[ok]] = next_token_ids[:batch].to(nxt.dtype)[ok]
-    return nxt

@@ -58,10 +58,6 @@ V2_UNSUPPORTED = (
     ("final_layer_tap", lambda c: c.final_layer_tap, "the recipe's final-layer tap"),
     ("per_layer_fusion", lambda c: c.per_layer_fusion, "per-layer context mixtures"),
     ("slot_queries", lambda c: c.slot_queries, "learned query-slot embeddings"),
-    ("next_token_stream", lambda c: c.next_token_stream is not None, "the next-token stream"),
-    ("lm_head_from_target", lambda c: c.lm_head_from_target,
-     "lm_head rows taken from the target (vLLM's DSpark loader shares the target's lm_head only "
-     "for a full-vocabulary draft)"),
     ("markov_head_type", lambda c: c.markov_head_type == "rnn" and not c.sample_from_anchor,
      "a recurrent Markov head in the fill-in layout (its state runs over the anchor slot first; "
      "vLLM's DSpark loop starts it at the first sample slot)"),
@@ -86,6 +82,7 @@ def mirror_hf(hf: Any, cfg) -> None:
     hf.markov_rank = cfg.markov_rank
     hf.markov_head_type = cfg.markov_head_type
     hf.sample_from_anchor = cfg.sample_from_anchor
+    hf.next_token_stream = cfg.next_token_stream
     hf.enable_confidence_head = cfg.confidence_head is not None
     hf.confidence_head_with_markov = cfg.confidence_head == "hidden+markov"
     hf.specx_route = "dspark"

@@ -8,9 +8,15 @@ Both reuse vLLM's own DSpark rather than copying it:
   the same tensor names) behind the hooks vLLM's DSpark loop calls (`SpecxMarkovHooks`). It
   declares `SpecxDSparkSpeculatorConfig` (vLLM's `SpeculativeDraftModel` interface), so a
   `SpecxDSparkModel` checkpoint selects our config under `"method": "dspark"` too.
-* `SpecxDSparkSpeculator` is vLLM's `DSparkSpeculator` unchanged but for its name: its
-  left-to-right loop (`_sample_markov_chain`) asks the model for `markov_step` (our head's
-  gated / recurrent step: the "embedding" it returns is what W2 projects) and `markov_bias`.
+* `SpecxDSparkSpeculator` is vLLM's `DSparkSpeculator`: its left-to-right loop
+  (`_sample_markov_chain`) asks the model for `markov_step` (our head's gated / recurrent step:
+  the "embedding" it returns is what W2 projects) and `markov_bias`. For a draft with the
+  next-token stream it also hands every context row's next token to the model as vLLM writes
+  the rows (`_precompute_context_kv`, on the eager and the FULL-CUDA-graph path alike): the row
+  after it, and for a request's last accepted row the pass's anchor (the bonus token, or the
+  next prefill token of a chunked prefill), as `model.context_next_ids` lays them out; the
+  backbone adds s_t where `model.py` does (`_normalize_context_states`: fused before
+  hidden_norm, added after it).
 
 The draft math is `model.py`'s: `SpecxMarkovHooks.markov_step` + `markov_bias` give exactly
 `MarkovHead.step`'s bias (tests drive vLLM's loop with these hooks against
@@ -19,12 +25,16 @@ The draft math is `model.py`'s: `SpecxMarkovHooks.markov_step` + `markov_bias` g
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM, Qwen3DSparkModel
 from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
-from vllm_specx.methods.dspark.model import MarkovHead
+from vllm_specx import vocab
+from vllm_specx.layers import RMSNorm
+from vllm_specx.methods.dspark.model import MarkovHead, context_next_ids
 from vllm_specx.methods.dspark.speculator import SpecxDSparkSpeculatorConfig
 
 # vLLM internals this module imports, overrides or relies on (checked against vLLM 0.34 by
@@ -36,6 +46,13 @@ VLLM_INTERNALS_V2 = (
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.markov_embed",
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.markov_bias",
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkModel",
+    "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_states",
+    "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.precompute_and_store_context_kv",
+    "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._precompute_context_kv",
+    "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._prepare_graph_forward",
+    "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator.propose",
+    "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator.load_draft_model",
+    "vllm.v1.worker.gpu.spec_decode.eagle.utils:get_target_lm_head",
     "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.load_weights",
     "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator",
     "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator._sample_markov_chain",
@@ -92,26 +109,48 @@ class SpecxDSparkBackbone(Qwen3DSparkModel):
         c = self.config
         self.markov_head = MarkovHead(c.vocab_size, getattr(c, "draft_vocab_size", None) or c.vocab_size,
                                       c.markov_rank, c.hidden_size, getattr(c, "markov_head_type", "vanilla"))
+        self.next_token_stream = getattr(c, "next_token_stream", None)
+        if self.next_token_stream is not None:
+            self.next_token_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.next_token_proj = torch.nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self._next_state: torch.Tensor | None = None  # s_t of the rows being written, or None
+
+    def next_token_state(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """s_t = W_e tn(embed(x_{t+1})) [n, H] (`model.DSparkDraft.next_token_state`; the target's
+        embedding table, which vLLM's DSpark loader shares with the draft)."""
+        e = self.embed_tokens(next_ids.long())
+        return self.next_token_proj(self.next_token_norm(e).to(self.next_token_proj.weight.dtype))
+
+    def _normalize_context_states(self, context_states: torch.Tensor) -> torch.Tensor:
+        """vLLM's hidden_norm of the context rows, with the next-token stream where the rows
+        being written carry it: "fused" hn(c + s), "added" hn(c) + s."""
+        s = self._next_state
+        if s is None:
+            return super()._normalize_context_states(context_states)
+        s = s.to(context_states.dtype)
+        if self.next_token_stream == "fused":
+            return super()._normalize_context_states(context_states + s)
+        return super()._normalize_context_states(context_states) + s
 
     def load_weights(self, weights):
         """vLLM's loader, but our Markov head's tensors are copied in by name: vLLM's DFlash name
         mapper stacks every `.gate_proj` into the MLP's `.gate_up_proj`, which would send the
         gated head's `markov_head.gate_proj.*` to a parameter that does not exist."""
-        head: dict[str, torch.Tensor] = {}
+        ours: dict[str, torch.Tensor] = {}
 
         def backbone():
             for name, w in weights:
-                if name.startswith("markov_head."):
-                    head[name.removeprefix("markov_head.")] = w
+                if name.startswith(("markov_head.", "next_token_norm.", "next_token_proj.")):
+                    ours[name] = w
                 else:
                     yield name, w
 
         loaded = set(super().load_weights(backbone()))
-        params = dict(self.markov_head.named_parameters())
+        params = dict(self.named_parameters())
         with torch.no_grad():
-            for name, w in head.items():
+            for name, w in ours.items():
                 params[name].copy_(w)
-        return loaded | {f"markov_head.{name}" for name in head}
+        return loaded | set(ours)
 
 
 class SpecxDSparkForCausalLM(SpecxMarkovHooks, Qwen3DSparkForCausalLM):
@@ -120,8 +159,78 @@ class SpecxDSparkForCausalLM(SpecxMarkovHooks, Qwen3DSparkForCausalLM):
     speculator_config_class = SpecxDSparkSpeculatorConfig
     model_cls = SpecxDSparkBackbone
 
+    # x_{t+1} of the context rows about to be written (`SpecxDSparkSpeculator` sets it for every
+    # write of a draft with the next-token stream; the write consumes it).
+    pending_next_ids: torch.Tensor | None = None
+
+    def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None) -> None:
+        """vLLM's context K/V write, with the next-token stream of `pending_next_ids` where the
+        draft has one. Rows written without their next tokens are refused (vLLM's profiling run
+        writes nothing: it may compute without them)."""
+        backbone, next_ids, self.pending_next_ids = self.model, self.pending_next_ids, None
+        if backbone.next_token_stream is not None and next_ids is not None:
+            backbone._next_state = backbone.next_token_state(next_ids)
+        elif backbone.next_token_stream is not None and context_slot_mapping is not None:
+            raise RuntimeError("vllm-specx DSpark next_token_stream: context rows reached the draft "
+                               "without their next tokens; cannot build the context")
+        try:
+            super().precompute_and_store_context_kv(context_states, context_positions, context_slot_mapping)
+        finally:
+            backbone._next_state = None
+
 
 class SpecxDSparkSpeculator(DSparkSpeculator):
-    """vLLM's DSpark speculator, run on `SpecxDSparkForCausalLM`."""
+    """vLLM's DSpark speculator, run on `SpecxDSparkForCausalLM`; for a draft with the next-token
+    stream it builds every context row's next token (module docstring)."""
 
     _speculator_name = "vllm-specx DSpark"
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device):
+        super().__init__(vllm_config, device)
+        hf = self.draft_model_config.hf_config
+        self._stream = getattr(hf, "next_token_stream", None) is not None
+        self._stream_batch: tuple[torch.Tensor, torch.Tensor, int] | None = None  # ids, qsl, num_reqs
+        if self._stream:
+            # vLLM's FULL graph stages num_rejected here (as for LiLiCorr's context anchor); the
+            # eager path fills it in `propose`, so both read the same buffer.
+            self._num_rejected = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
+
+    def load_draft_model(self, target_model, target_attn_layer_names):
+        """vLLM's DSpark loader; a reduced draft saved with `lm_head_from_target` then gets the
+        target LM head's rows at its d2t (vLLM shares the target's head only with a
+        full-vocabulary draft and leaves a reduced one's rows unloaded)."""
+        from vllm.v1.worker.gpu.spec_decode.eagle.utils import get_target_lm_head
+
+        model = super().load_draft_model(target_model, target_attn_layer_names)
+        cfg = self.draft_model_config.hf_config
+        if (cfg.specx_config or {}).get(vocab.FROM_TARGET):
+            language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+            head = getattr(get_target_lm_head(target_model, language), "weight", None)
+            vocab.install_target_rows(model, head, SimpleNamespace(vocab_size=cfg.vocab_size,
+                                                                 draft_vocab_size=cfg.draft_vocab_size))
+        return model
+
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                num_sampled, num_rejected, *args, **kwargs):
+        if self._stream:
+            n = input_batch.num_reqs
+            self._num_rejected[:n].copy_(num_rejected[:n])
+            self._stream_batch = (input_batch.input_ids, input_batch.query_start_loc, n)
+        return super().propose(input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                               aux_hidden_states, num_sampled, num_rejected, *args, **kwargs)
+
+    def _prepare_graph_forward(self, num_reqs, attn_metadata):
+        if self._stream:  # the captured context step reads the runner's fixed input buffers
+            buffers = self.target_input_buffers
+            self._stream_batch = (buffers.input_ids, buffers.query_start_loc, num_reqs)
+        return super()._prepare_graph_forward(num_reqs, attn_metadata)
+
+    def _precompute_context_kv(self, start: int, end: int, dummy_run: bool = False) -> None:
+        if not self._stream:
+            return super()._precompute_context_kv(start, end, dummy_run)
+        ids, qsl, n = self._stream_batch
+        # each row's x_{t+1}; a request's last accepted row gets its anchor (input_ids of the
+        # query block's first slot, which vLLM's prepare_dflash_inputs just wrote)
+        anchors = self.input_buffers.input_ids[self._anchor_idx[:n]]
+        self.model.pending_next_ids = context_next_ids(ids[:end], anchors, qsl, self._num_rejected, n)[start:end]
+        super()._precompute_context_kv(start, end, dummy_run)

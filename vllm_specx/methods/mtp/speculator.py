@@ -27,18 +27,15 @@ the sequence grows by one: "mixed KV"). The config changes only what our checkpo
   `index_share_for_mtp_iteration` (IndexShare needs DSA attention; our layer is dense) and
   `draft_lm_head_quantization` (a quantized copy of the target's LM head would change the drafts
   away from the reference's);
+* KVShare (`kv_share`, both committed MTP drafts) is served: `vllm_model_v2.SpecxMTPSpeculator`
+  holds the sequence length at step 0's through vLLM's decode steps; so is a reduced vocabulary
+  whose LM-head rows come from the target (`lm_head_from_target`, the committed SmolLM2 draft):
+  copied in after vLLM's loader runs;
 * the draft features vLLM's MTP loop cannot serve as trained (`V2_UNSUPPORTED`) are refused by
   name, so no engine serves them wrongly; they stay served on vLLM 0.32 / 0.33:
-  - `kv_share` (KVShare): steps >= 1 must attend to step 0's keys only, at an advancing RoPE
-    position, writing no K/V. vLLM's autoregressive loop either advances position, sequence
-    length and slot together (`advance_draft_positions` True: mixed KV) or none of them (False:
-    RoPE position frozen, and step 1 overwrites the last context slot); neither is KVShare.
-    A `kv_share: false` copy of the same tensors (`checkpoint.with_options`) is served;
   - `fusion_layer_ids` (the Kimi-K3 fusion): vLLM's loop hands aux hidden states only to an
     "eagle3" speculator (`TargetDependentARSpeculator.propose` asserts it), and MTP's config
     requests none;
-  - `lm_head_from_target`: the reduced vocabulary's LM-head rows would have to be copied from
-    the target at load, which vLLM's MTP loader does not do.
   A reduced draft vocabulary with its own `lm_head` rows is served: the model scores the draft
   vocabulary and scatters it into the target's (-inf elsewhere), as vLLM's EAGLE-3 does.
 """
@@ -74,15 +71,9 @@ VLLM_INTERNALS_V2 = (
 
 # Draft-config fields vLLM's MTP loop does not serve as trained: (field, is it set?, why).
 V2_UNSUPPORTED = (
-    ("kv_share", lambda c: c.kv_share,
-     "KVShare: draft steps >= 1 attend only to step 0's keys; vLLM's MTP loop writes each step's "
-     "K/V and grows the sequence (serve a `kv_share: false` copy, vllm_specx.methods.mtp."
-     "checkpoint.with_options, or use vLLM 0.32 / 0.33)"),
     ("fusion_layer_ids", lambda c: bool(c.fusion_layer_ids),
      "the Kimi-K3 fusion of several target layers: vLLM's MTP loop hands no aux hidden states "
      "to an MTP drafter"),
-    ("lm_head_from_target", lambda c: c.lm_head_from_target,
-     "lm_head rows taken from the target: vLLM's MTP loader does not copy them in"),
 )
 
 

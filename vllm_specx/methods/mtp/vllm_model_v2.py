@@ -11,14 +11,24 @@ Both reuse what exists rather than copying it:
   target's vocabulary (vLLM's V2 MTP loop samples token ids straight from them, with no draft ->
   target map): a reduced draft vocabulary's logits are scattered to their target ids, -inf
   elsewhere (what vLLM's EAGLE-3 does), so greedy and sampled drafts are the reduced draft's.
-* `SpecxMTPSpeculator` is vLLM's `MTPSpeculator` unchanged but for its name (its loop runs
-  `model.py`'s chain with `kv_share` off; `speculator.py` refuses KVShare).
+* `SpecxMTPSpeculator` is vLLM's `MTPSpeculator`. Its loop runs `model.py`'s chain with
+  `kv_share` off (each decode step advances position, sequence length and slot: mixed KV). For a
+  KVShare draft it holds every request's sequence length at step 0's (the verified length a)
+  through the decode steps while positions still advance: `_prepare_decode_inputs` and each
+  `_decode` (the step the FULL CUDA graph captures) reset `seq_lens` from a fixed buffer, so step
+  j >= 1 attends to K_0 .. K_{a-1} only, at RoPE position a - 1 + j. vLLM still writes the step's
+  K/V at its position (>= a): nothing reads it (sequence length a), and the next pass's draft
+  prefill rewrites every verified position before it is read.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+from vllm_specx import vocab
 
 from vllm_specx.methods.mtp.speculator import SpecxMTPSpeculatorConfig
 from vllm_specx.methods.mtp.vllm_model import SpecxMTPForCausalLM
@@ -30,10 +40,12 @@ VLLM_INTERNALS_V2 = (
     "vllm.v1.worker.gpu.spec_decode.mtp.speculator:MTPSpeculator.load_draft_model",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:TargetDependentARSpeculator._prefill",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:TargetDependentARSpeculator._decode",
+    "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:TargetDependentARSpeculator._prepare_decode_inputs",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:TargetDependentARSpeculator._run_model",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:prepare_prefill_inputs",
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator:update_draft_inputs",
     "vllm.v1.worker.gpu.spec_decode.eagle.utils:load_eagle_model",
+    "vllm.v1.worker.gpu.spec_decode.eagle.utils:get_target_lm_head",
     "vllm.model_executor.models.llama:LlamaDecoderLayer",
     "vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM",
 )
@@ -62,6 +74,37 @@ class SpecxMTPV2ForCausalLM(SpecxMTPForCausalLM):
 
 
 class SpecxMTPSpeculator(MTPSpeculator):
-    """vLLM's MTP speculator, run on `SpecxMTPV2ForCausalLM`."""
+    """vLLM's MTP speculator, run on `SpecxMTPV2ForCausalLM`; KVShare as the module docstring says."""
 
     _speculator_name = "vllm-specx MTP"
+
+    def __init__(self, vllm_config, device: torch.device):
+        super().__init__(vllm_config, device)
+        hf = self.draft_model_config.hf_config
+        self.kv_share = bool((getattr(hf, "specx_config", None) or {}).get("kv_share"))
+        # step 0's sequence length per request (a: the verified tokens), held through the steps
+        self._shared_seq_lens = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
+
+    def load_draft_model(self, target_model, target_attn_layer_names):
+        """vLLM's MTP loader; a reduced draft saved with `lm_head_from_target` then gets the target
+        LM head's rows at its d2t (`vocab.install_target_rows`)."""
+        from vllm.v1.worker.gpu.spec_decode.eagle.utils import get_target_lm_head
+
+        model = super().load_draft_model(target_model, target_attn_layer_names)
+        hf = self.draft_model_config.hf_config
+        cfg = SimpleNamespace(**(getattr(hf, "specx_config", None) or {}))
+        if getattr(cfg, vocab.FROM_TARGET, False):
+            language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+            vocab.install_target_rows(model, getattr(get_target_lm_head(target_model, language), "weight", None), cfg)
+        return model
+
+    def _prepare_decode_inputs(self, input_batch, num_rejected, num_reqs, skip_attn, batch_desc) -> None:
+        super()._prepare_decode_inputs(input_batch, num_rejected, num_reqs, skip_attn, batch_desc)
+        if self.kv_share:
+            self._shared_seq_lens[:num_reqs].copy_(input_batch.seq_lens[:num_reqs] - num_rejected[:num_reqs])
+            self.input_buffers.seq_lens[:num_reqs].copy_(self._shared_seq_lens[:num_reqs])
+
+    def _decode(self, num_reqs: int, *args, **kwargs) -> None:
+        super()._decode(num_reqs, *args, **kwargs)
+        if self.kv_share:  # the step advanced it with the position: back to a
+            self.input_buffers.seq_lens[:num_reqs].copy_(self._shared_seq_lens[:num_reqs])
