@@ -64,6 +64,19 @@ def provenance(device: torch.device, args=None, **extra) -> dict:
     return {**meta, **extra}
 
 
+def earlier_rows(results: Path, drop) -> list[dict]:
+    """The rows of an earlier report (`results`, its results.json) to keep beside this run's: a
+    curve's runs live in a cache that a new machine does not have, so a report made from the runs
+    on this machine would lose every point measured elsewhere. Each kept row gets `"measured":`
+    the earlier report's date (rows already carrying one keep theirs); `drop(row, earlier_meta)`
+    True leaves a row out (this run re-made it, or what it measured is gone)."""
+    if not results.is_file():
+        return []
+    old = json.loads(results.read_text())
+    meta = old.get("meta", {})
+    return [{**r, "measured": r.get("measured") or meta.get("date")} for r in old.get("rows", []) if not drop(r, meta)]
+
+
 def write_report(report: dict, out: Path | None, table: str) -> None:
     """JSON to `out` (or stdout when there is none), then the table."""
     text = json.dumps(report, indent=1)

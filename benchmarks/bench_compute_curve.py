@@ -12,7 +12,8 @@ Each point is one `vllm-specx train` run with its own cosine schedule (`--steps`
 `--runs` (the cache) and are resumable: a run whose training.json exists is read, an interrupted
 one continues from its last trainer_state.pt (`train --resume`), so the same command picks up
 after an interruption, on this CPU across sessions or on a GPU (`--device cuda`, where the wall
-time per run is the GPU time per draft). `--jobs N` trains N runs at once (one thread each).
+time per run is the GPU time per draft). `--jobs N` trains N runs at once (`--threads` each, 1 by
+default).
 
     D=~/.cache/vllm-specx/data
     .venv/bin/python benchmarks/bench_compute_curve.py --target smollm2 --data $D/smollm2-chat-mix \
@@ -23,7 +24,9 @@ time per run is the GPU time per draft). `--jobs N` trains N runs at once (one t
 
 On this CPU the same points at `--batch 8` take 4x the steps (about 4.7 s each with one thread).
 `--export PROVIDER=DIR` copies the largest budget's run of PROVIDER to DIR as a committed draft
-(bf16; the learning curve's `export`).
+(bf16; the learning curve's `export`). The report keeps the earlier results.json's rows that this
+command did not re-make (runs of another session or machine, each with `measured`, its date), less
+committed-draft rows whose draft folder is re-evaluated (`--committed`) or replaced (`--export`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import curve_provenance, plot_panels, ratio_table, train_queue, write_report  # noqa: E402
+from _report import curve_provenance, earlier_rows, plot_panels, ratio_table, train_queue, write_report  # noqa: E402
 from bench_learning_curve import PROVIDERS as ALL_PROVIDERS  # noqa: E402
 from bench_learning_curve import export  # noqa: E402
 
@@ -46,7 +49,7 @@ DEFAULT_PROVIDERS = ["mtp-glm52", "eagle3", "dspark-baseline", "dspark-recipe"]
 
 def budget_flags(args, steps: int) -> list[str]:
     return ["--steps", str(steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
-            "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", "1", "--dtype", "bfloat16",
+            "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", str(args.threads), "--dtype", "bfloat16",
             "--val-samples", str(args.val_samples), "--val-every", str(steps),
             "--save-every", str(min(100, steps)), "--seed", str(args.seed), "--eval-drafts", str(args.k),
             "--save-dtype", "bfloat16", "--device", args.device]
@@ -107,7 +110,7 @@ def evaluate_committed(args) -> list[dict]:
                 if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
                     raise SystemExit(f"--committed {spec}: evaluation failed, see {args.runs}/{dest.name}.log")
         if (dest / "training.json").is_file():
-            out.append((provider, json.loads((Path(src) / "training.json").read_text()),
+            out.append((provider, src, json.loads((Path(src) / "training.json").read_text()),
                         json.loads((dest / "training.json").read_text())))
     return out
 
@@ -123,11 +126,11 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
     from vllm_specx.training.trainer import command_flags
 
     rows = []
-    for p, trained, measured in evaluate_committed(args):
+    for p, src, trained, measured in evaluate_committed(args):
         a = trained["args"]
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"], "sample_draws": a["steps"] * a["batch"],
                      "device": a["device"], "wall_s": trained["wall_s"],
-                     "val_tau_greedy": trained["log"][-1].get("tau_greedy"), "committed_draft": True,
+                     "val_tau_greedy": trained["log"][-1].get("tau_greedy"), "committed_draft": True, "draft": src,
                      "draft_vocab": a.get("draft_vocab"),
                      "eval": served_eval(measured),
                      "command": trained["command"]})
@@ -140,7 +143,32 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
                      "wall_s": rec["wall_s"], "val_tau_greedy": last.get("tau_greedy"),
                      "draft_vocab": a.get("draft_vocab"), "eval": served_eval(rec),
                      "command": "vllm-specx train " + command_flags(argparse.Namespace(**a))})
-    return sorted(rows, key=lambda r: (r["sample_draws"], args.providers.index(r["provider"])))
+    return rows
+
+
+def point(r: dict) -> tuple:
+    return r["provider"], r["sample_draws"], bool(r.get("committed_draft"))
+
+
+def with_earlier(args, rows: list[dict]) -> list[dict]:
+    """This run's rows and the earlier report's that it did not re-make (`_report.earlier_rows`).
+    An earlier committed-draft row is left out when its draft folder is evaluated again now
+    (`--committed`) or replaced (`--export`): it measured a draft that is no longer there."""
+    made = {point(r) for r in rows}
+    now = {spec.partition("=")[2].rstrip("/") for spec in args.committed + args.export}
+
+    def drop(r, meta):
+        if point(r) in made:
+            return True
+        if not r.get("committed_draft"):
+            return False
+        was = dict(spec.partition("=")[::2] for spec in meta.get("args", {}).get("committed", []))
+        r.setdefault("draft", was.get(r["provider"], ""))  # rows before "draft" was recorded: from the meta
+        return r["draft"].rstrip("/") in now
+
+    order = list(ALL_PROVIDERS)
+    return sorted(earlier_rows(args.out / "results.json", drop) + rows,
+                  key=lambda r: (r["sample_draws"], order.index(r["provider"]) if r["provider"] in order else len(order)))
 
 
 def table(rows: list[dict], sets: list[str]) -> str:
@@ -189,6 +217,7 @@ def main() -> None:
                     help="a reduced draft vocabulary for every run (on a CPU about 2.4x the steps/s: "
                          "benchmarks/results/train-step-cpu-smollm2); default: the full vocabulary")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (--jobs x --threads <= cores)")
     ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--export", action="append", default=[], metavar="PROVIDER=DIR",
@@ -202,7 +231,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--providers: unknown {unknown} (known: {list(ALL_PROVIDERS)})")
     finished = run_all(args) if args.budgets else []
-    rows = rows_of(args, finished)
+    rows = with_earlier(args, rows_of(args, finished))
     if not rows:
         raise SystemExit(f"--runs {args.runs}: no finished run to report")
     sets = list(dict.fromkeys(s for r in rows for s in r["eval"]))

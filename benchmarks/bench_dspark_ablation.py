@@ -15,7 +15,9 @@ held; `train --eval-data`):
 
 Runs live in --runs (outside the work tree) and resume: a run whose training.json exists is
 read, an interrupted one continues from its trainer_state.pt (`--resume`), so the same command
-picks up after an interruption. `--jobs N` trains N at once, one thread each.
+picks up after an interruption. `--jobs N` trains N at once, one thread each. The report keeps
+the rows of the earlier results.json that this command did not re-make (runs trained on another
+machine or in another session; each carries `measured`, its date).
 
     D=~/.cache/vllm-specx/data
     .venv/bin/python benchmarks/bench_dspark_ablation.py --data $D/smollm2-chat-mix \\
@@ -38,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import curve_provenance, train_queue, write_report  # noqa: E402
+from _report import curve_provenance, earlier_rows, train_queue, write_report  # noqa: E402
 from bench_learning_curve import PROVIDERS  # noqa: E402
 
 BASE = PROVIDERS["dspark-baseline"]
@@ -52,6 +54,7 @@ VARIANTS: dict[str, list[str]] = {
     "anchors-256": ["--anchor-draw", "unique", "--anchors", "256"],
     "anchors-all": ["--anchor-draw", "unique", "--anchors", "0"],
     "block-7": ["--block-size", "7"],
+    "rank-96": ["--markov-rank", "96"],
     "rank-128": ["--markov-rank", "128"],
     "rank-256": ["--markov-rank", "256"],
     "layers-3": ["--layers", "3"],
@@ -225,6 +228,10 @@ def main() -> None:
     args.steps = sorted({d // args.batch for d in args.draws})
     runs = run_all(args, combos)
     rows = [row_of(args, v, s) for v, s in runs]
+    made = {(r["variant"], r["sample_draws"]) for r in rows}
+    # points measured in earlier sessions (their runs are not in this machine's cache) stay
+    rows = earlier_rows(args.out / "results.json", lambda r, meta: (r["variant"], r["sample_draws"]) in made) + rows
+    rows.sort(key=lambda r: (r["sample_draws"], r["variant"] != "eagle3"))
     sets = [d.name for d in args.eval_data]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = curve_provenance(torch.device(args.device), args, rows, variants=VARIANTS, combine=combos,

@@ -63,6 +63,17 @@ PROVIDERS = {
     "dspark-recipe": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
                       "--markov-rank", "32", "--markov-head-type", "rnn", "--layout", "anchor",
                       "--final-layer-tap", "--per-layer-fusion", "--slot-queries", "--next-token-stream", "none"],
+    # the DSpark ablation's winner (issue 45): the baseline + the next-token stream (added) + a wider
+    # Markov head; rank 256 is `train --method dspark`'s default, rank 96 the widest whose SmolLM2
+    # draft (49,152-token Markov input table) stays under the repository's 30 MB for a committed draft
+    "dspark-stream-r256": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
+                           "--markov-rank", "256", "--markov-head-type", "vanilla", "--layout", "anchor",
+                           "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
+                           "--next-token-stream", "added"],
+    "dspark-stream-r96": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
+                          "--markov-rank", "96", "--markov-head-type", "vanilla", "--layout", "anchor",
+                          "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
+                          "--next-token-stream", "added"],
     "mtp-glm52": ["--method", "mtp", "--loss", "chain-tv", "--ce-weight", "0.1", "--kv-share", "on",
                   "--drafts", "7"],
     "eagle3": ["--method", "eagle3", "--loss", "ce", "--taps", "1,14,26", "--drafts", "7"],
