@@ -347,3 +347,28 @@ def test_dspark_ablation_variants_and_conditional_acceptance():
             bad()
     assert ab.conditional([0.5, 0.25, 0.2, 0.0]) == [0.5, 0.5, 0.8, 0.0]
     assert ab.conditional([0.0, 0.0]) == [0.0, None]
+
+
+def test_curve_reports_keep_the_points_of_earlier_sessions(tmp_path):
+    """benchmarks/_report.earlier_rows + bench_compute_curve.with_earlier: a report re-made from the
+    runs on this machine keeps the earlier results.json's other points (with their date), drops
+    the ones it re-made, and drops an earlier committed-draft row whose folder is replaced now."""
+    import argparse
+
+    cc = _bench_module("bench_compute_curve")
+    old = {"meta": {"date": "2026-12-05", "args": {"committed": ["dspark-baseline=assets/drafts/smollm2-dspark",
+                                                                 "eagle3=assets/drafts/smollm2-eagle3"]}},
+           "rows": [{"provider": "eagle3", "sample_draws": 35200, "committed_draft": True},
+                    {"provider": "dspark-baseline", "sample_draws": 35200, "committed_draft": True},
+                    {"provider": "dspark-baseline", "sample_draws": 35200},
+                    {"provider": "eagle3", "sample_draws": 8000}]}
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    args = argparse.Namespace(out=tmp_path, committed=[], export=["dspark-stream-r96=assets/drafts/smollm2-dspark"])
+    new = [{"provider": "dspark-stream-r96", "sample_draws": 35200}, {"provider": "eagle3", "sample_draws": 8000}]
+    rows = cc.with_earlier(args, new)
+    kept = [(r["provider"], r["sample_draws"], bool(r.get("committed_draft")), r.get("measured")) for r in rows]
+    assert kept == [("eagle3", 8000, False, None),  # re-made now: the new row only
+                    ("dspark-baseline", 35200, False, "2026-12-05"),
+                    ("dspark-stream-r96", 35200, False, None),
+                    ("eagle3", 35200, True, "2026-12-05")]  # its committed folder is not replaced
+    assert cc.with_earlier(argparse.Namespace(out=tmp_path / "none", committed=[], export=[]), new) == new
