@@ -371,4 +371,5 @@ def test_curve_reports_keep_the_points_of_earlier_sessions(tmp_path):
                     ("dspark-baseline", 35200, False, "2026-12-05"),
                     ("dspark-stream-r96", 35200, False, None),
                     ("eagle3", 35200, True, "2026-12-05")]  # its committed folder is not replaced
-    assert cc.with_earlier(argparse.Namespace(out=tmp_path / "none", committed=[], export=[]), new) == new
+    alone = cc.with_earlier(argparse.Namespace(out=tmp_path / "none", committed=[], export=[]), new)
+    assert alone == [new[1], new[0]]  # no earlier report: this run's rows, by budget
