@@ -102,7 +102,7 @@ def evaluate_committed(args) -> list[dict]:
             evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
             cmd = [sys.executable, "-m", "vllm_specx.cli", "train", "--config", str(Path(src) / "training.json"),
                    "--target", args.target, "--data", str(args.data), "--out", str(dest), "--steps", "0",
-                   "--init-from", src, "--train-samples", "1", "--eval-drafts", str(args.k), "--threads", "1",
+                   "--init-from", src, "--train-samples", "1", "--eval-drafts", str(args.k), "--threads", str(args.threads),
                    "--device", args.device, *evals]
             print(f"evaluate {src} as {provider}", flush=True)
             args.runs.mkdir(parents=True, exist_ok=True)

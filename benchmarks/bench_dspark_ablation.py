@@ -15,7 +15,7 @@ held; `train --eval-data`):
 
 Runs live in --runs (outside the work tree) and resume: a run whose training.json exists is
 read, an interrupted one continues from its trainer_state.pt (`--resume`), so the same command
-picks up after an interruption. `--jobs N` trains N at once, one thread each. The report keeps
+picks up after an interruption. `--jobs N` trains N at once, `--threads` each (1 by default). The report keeps
 the rows of the earlier results.json that this command did not re-make (runs trained on another
 machine or in another session; each carries `measured`, its date).
 
@@ -95,7 +95,7 @@ def run_name(name: str, steps: int, batch: int) -> str:
 def command(args, name: str, steps: int, out: Path, combos) -> list[str]:
     evals = [x for d in args.eval_data for x in ("--eval-data", str(d))]
     budget = ["--steps", str(steps), "--batch", str(args.batch), "--seq-len", "256", "--anchors", "24",
-              "--lr", "0.002", "--threads", "1", "--dtype", "bfloat16", "--val-samples", "32",
+              "--lr", "0.002", "--threads", str(args.threads), "--dtype", "bfloat16", "--val-samples", "32",
               "--val-every", str(steps), "--save-every", "25", "--seed", str(args.seed),
               "--eval-drafts", "7", "--save-dtype", "bfloat16", "--device", args.device,
               "--draft-vocab", str(args.draft_vocab)]
@@ -218,6 +218,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (--jobs x --threads <= cores)")
     ap.add_argument("--runs", type=Path, required=True, help="where the runs are trained (outside the work tree)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--report-only", action="store_true")
