@@ -48,32 +48,27 @@ from vllm_specx import vocab
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 
+def _dspark(rank: int, head: str = "vanilla", recipe: bool = False, stream: str = "none") -> list[str]:
+    """A DSpark provider's flags, every switch spelled out (the trainer's defaults have changed
+    since the earlier runs): 2 layers, block 8, CE, the anchor layout."""
+    switches = ["--final-layer-tap", "--per-layer-fusion", "--slot-queries"] if recipe else \
+        ["--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries"]
+    return ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8", "--markov-rank", str(rank),
+            "--markov-head-type", head, "--layout", "anchor", *switches, "--next-token-stream", stream]
+
+
 # Provider -> its trainer flags (`vllm-specx train`); the budget flags are common (`budget_flags`).
 PROVIDERS = {
-    # DSpark baseline: none of the full recipe and no next-token stream (every switch spelled out:
-    # the trainer's defaults have changed since these runs)
-    "dspark-baseline": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                        "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor",
-                        "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
-                        "--next-token-stream", "none"],
+    # DSpark baseline: none of the full recipe and no next-token stream
+    "dspark-baseline": _dspark(32),
     # the full recipe's three switches with the vanilla Markov head (the recipe less its recurrent head)
-    "dspark-vanilla": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                       "--markov-rank", "32", "--markov-head-type", "vanilla", "--layout", "anchor",
-                       "--final-layer-tap", "--per-layer-fusion", "--slot-queries", "--next-token-stream", "none"],
-    "dspark-recipe": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                      "--markov-rank", "32", "--markov-head-type", "rnn", "--layout", "anchor",
-                      "--final-layer-tap", "--per-layer-fusion", "--slot-queries", "--next-token-stream", "none"],
+    "dspark-vanilla": _dspark(32, recipe=True),
+    "dspark-recipe": _dspark(32, "rnn", recipe=True),
     # the DSpark ablation's winner (issue 45): the baseline + the next-token stream (added) + a wider
     # Markov head; rank 256 is `train --method dspark`'s default, rank 96 the widest whose SmolLM2
     # draft (49,152-token Markov input table) stays under the repository's 30 MB for a committed draft
-    "dspark-stream-r256": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                           "--markov-rank", "256", "--markov-head-type", "vanilla", "--layout", "anchor",
-                           "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
-                           "--next-token-stream", "added"],
-    "dspark-stream-r96": ["--method", "dspark", "--loss", "ce", "--layers", "2", "--block-size", "8",
-                          "--markov-rank", "96", "--markov-head-type", "vanilla", "--layout", "anchor",
-                          "--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries",
-                          "--next-token-stream", "added"],
+    "dspark-stream-r256": _dspark(256, stream="added"),
+    "dspark-stream-r96": _dspark(96, stream="added"),
     "mtp-glm52": ["--method", "mtp", "--loss", "chain-tv", "--ce-weight", "0.1", "--kv-share", "on",
                   "--drafts", "7"],
     "eagle3": ["--method", "eagle3", "--loss", "ce", "--taps", "1,14,26", "--drafts", "7"],
