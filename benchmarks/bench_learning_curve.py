@@ -48,6 +48,7 @@ from vllm_specx import vocab
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 
+
 def _dspark(rank: int, head: str = "vanilla", recipe: bool = False, stream: str = "none") -> list[str]:
     """A DSpark provider's flags, every switch spelled out (the trainer's defaults have changed
     since the earlier runs): 2 layers, block 8, CE, the anchor layout."""
