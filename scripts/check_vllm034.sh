@@ -6,7 +6,9 @@
 #
 # Idempotent: the venv (vllm==0.34.0 with its CUDA torch 2.14, pytest, vllm-specx editable without
 # deps) is built once and reused; the build prints its time and size (measured 2026-12-06 on
-# 2 busy cores: about 2.5 min and 8.5 GB; 55 tests in about 40 s on idle cores, 2 min on busy ones). VLLM034_VENV overrides the venv path, VLLM034_VERSION
+# 2 busy cores: about 2.5 min and 8.5 GB; 67 tests on 2026-12-07: about 40 s on idle cores
+# without the two rejection-sampler tests, about 10 min with them on busy cores, which run vLLM's
+# sampling kernels in the Triton interpreter; -k "not rejection_sampler" skips them). VLLM034_VENV overrides the venv path, VLLM034_VERSION
 # the vLLM version. Not part of .ci/run (the download is several GB).
 #
 # `pip install vllm==0.34.0` cannot resolve from the package index here: vLLM 0.34 pins

@@ -954,3 +954,76 @@ def test_dspark_stream_rows_without_next_tokens_are_refused(target, tmp_path, mo
     draft_dir, draft = _dspark_case(target, "next-added", tmp_path)
     with pytest.raises(RuntimeError, match="next_token_stream: context rows reached the draft without"):
         _dspark_two_passes(target, draft_dir, draft, monkeypatch, _stream_cut)
+
+
+# ---- vLLM 0.34's rejection sampler verifies our drafts exactly ---------------------------------
+
+def _vllm_rejection_sample(target_logits, draft_logits, drafts, temperature, block=False, seed0=1000):
+    """vLLM 0.34's `rejection_sample` (its Triton kernels, in the interpreter) over N independent
+    requests: request r verifies drafts[r] (K tokens, sampled by the caller) against the same
+    target logits [K + 1, V] per position and the draft's logits [K, V] (vLLM's draft-logits cache:
+    row = request state, one row per draft step), each request with its own seed. Returns
+    (sampled [N, K + 1], num_sampled [N])."""
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+
+    n, k = drafts.shape
+    v = target_logits.shape[-1]
+    ids = torch.zeros(n, k + 1, dtype=torch.int64)
+    ids[:, 1:] = drafts  # a request's logit i verifies input token i + 1 (the drafts follow the anchor)
+    cache = SimpleNamespace(values=draft_logits[None].expand(n, k, v).contiguous().float(), row_mapping=None)
+    local = torch.arange(k + 1).repeat(n)
+    return rejection_sample(
+        target_logits.repeat(n, 1).float().contiguous(), cache, ids.flatten(),
+        torch.arange(0, n * (k + 1) + 1, k + 1, dtype=torch.int32), 100 + local,
+        torch.arange(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32).repeat_interleave(k + 1), local,
+        torch.full((n,), float(temperature)), torch.arange(seed0, seed0 + n, dtype=torch.int64), k,
+        use_block_verification=block)
+
+
+def _emitted_p_values(sampled, num_sampled, probs):
+    """Per position j, the chi-square goodness-of-fit p-value of the j-th emitted token (over the
+    requests that emitted one) against probs[j] (the target's p; tokens with p = 0 never appear)."""
+    out = []
+    for j in range(probs.shape[0]):
+        got = sampled[num_sampled > j, j]
+        obs = torch.bincount(got, minlength=probs.shape[1]).double()
+        exp = probs[j].double() * len(got)
+        keep = exp > 0
+        assert float(obs[~keep].sum()) == 0  # never a token the target gives no mass
+        chi2 = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+        out.append(float(torch.special.gammaincc(torch.tensor((int(keep.sum()) - 1) / 2), torch.tensor(chi2 / 2))))
+    return out
+
+
+@needs_034
+@pytest.mark.parametrize("block", [False, True], ids=["token-wise", "block"])
+def test_vllm_rejection_sampler_keeps_the_target_distribution_for_reduced_vocab_drafts(block, monkeypatch):
+    """On vLLM 0.34 its own rejection sampler verifies our speculators' drafts (we plug none in).
+    With drafts sampled from q whose support is a reduced draft vocabulary (q = 0 elsewhere: how
+    our DSpark and MTP scatter a reduced vocabulary's logits, -inf outside it), each emitted token
+    is distributed as the target's p at its position (T = 1; token-wise and vLLM's block
+    verification; chi-square over 2,000 independent requests); at T = 0 the output is the
+    target's argmax.
+    Negative control: drafts sampled from another distribution than the q handed to the sampler
+    break it (so the check can fail)."""
+    from vllm.triton_utils import tl
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils
+
+    # libdevice has no interpreter implementation: log1p(x) as log(1 + x) (|x| < 1 here)
+    monkeypatch.setattr(rejection_sampler_utils, "tldevice", SimpleNamespace(log1p=lambda x: tl.log(1.0 + x)))
+    v, k, n = 12, 2, 2000
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(k + 1, v, generator=g) * 1.5
+    draft = target[:k] + torch.randn(k, v, generator=g)  # close to the target, as a trained draft is
+    draft[:, ::3] = float("-inf")  # outside the draft vocabulary
+    q, p = draft.softmax(-1), target.softmax(-1)
+    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(k)], 1)
+    sampled, num = _vllm_rejection_sample(target, draft, drafts, 1.0, block)
+    p_values = _emitted_p_values(sampled, num, p)
+    assert min(p_values) > 1e-3, p_values  # fixed seeds: the same draw every run
+    assert 1.5 < float(num.float().mean()) < k + 1  # drafts are accepted, not all
+    greedy, num0 = _vllm_rejection_sample(target, draft, target[:k].argmax(-1).expand(n, k), 0.0, block)
+    assert bool((num0 == k + 1).all()) and bool((greedy == target.argmax(-1)).all())
+    wrong = torch.stack([torch.multinomial(q[i].flip(0), n, replacement=True, generator=g) for i in range(k)], 1)
+    bad, num_bad = _vllm_rejection_sample(target, draft, wrong, 1.0, block)
+    assert min(_emitted_p_values(bad, num_bad, p)) < 1e-6
