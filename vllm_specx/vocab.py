@@ -219,6 +219,22 @@ class TargetHeadRows:
         install_target_rows(self.model, head, cfg)
 
 
+class TargetHeadRowsV2:
+    """The same for a vLLM >= 0.34 speculator (DSpark's and MTP's): after vLLM's draft loader
+    (`load_draft_model`, which shares the target's head only with a full-vocabulary draft and
+    leaves a reduced one's rows unloaded), copy the target's rows at `d2t` in."""
+
+    def load_draft_model(self, target_model, target_attn_layer_names):
+        from vllm.v1.worker.gpu.spec_decode.eagle.utils import get_target_lm_head
+
+        model = super().load_draft_model(target_model, target_attn_layer_names)
+        _, cfg = registry.config_of(self.draft_model_config.hf_config)
+        if getattr(cfg, FROM_TARGET, False):
+            language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+            install_target_rows(model, getattr(get_target_lm_head(target_model, language), "weight", None), cfg)
+        return model
+
+
 def omit_target_head(path, lm_head: torch.Tensor) -> bool:
     """Rewrite the reduced-vocabulary draft checkpoint at `path` without its `lm_head.weight` when
     those rows are exactly the target LM head's `lm_head` [V, H] rows at `d2t` (compared in the

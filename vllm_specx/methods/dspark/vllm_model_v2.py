@@ -25,8 +25,6 @@ The draft math is `model.py`'s: `SpecxMarkovHooks.markov_step` + `markov_bias` g
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM, Qwen3DSparkModel
@@ -179,9 +177,10 @@ class SpecxDSparkForCausalLM(SpecxMarkovHooks, Qwen3DSparkForCausalLM):
             backbone._next_state = None
 
 
-class SpecxDSparkSpeculator(DSparkSpeculator):
+class SpecxDSparkSpeculator(vocab.TargetHeadRowsV2, DSparkSpeculator):
     """vLLM's DSpark speculator, run on `SpecxDSparkForCausalLM`; for a draft with the next-token
-    stream it builds every context row's next token (module docstring)."""
+    stream it builds every context row's next token (module docstring); a reduced draft saved
+    with `lm_head_from_target` gets the target's rows (`vocab.TargetHeadRowsV2`)."""
 
     _speculator_name = "vllm-specx DSpark"
 
@@ -194,21 +193,6 @@ class SpecxDSparkSpeculator(DSparkSpeculator):
             # vLLM's FULL graph stages num_rejected here (as for LiLiCorr's context anchor); the
             # eager path fills it in `propose`, so both read the same buffer.
             self._num_rejected = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
-
-    def load_draft_model(self, target_model, target_attn_layer_names):
-        """vLLM's DSpark loader; a reduced draft saved with `lm_head_from_target` then gets the
-        target LM head's rows at its d2t (vLLM shares the target's head only with a
-        full-vocabulary draft and leaves a reduced one's rows unloaded)."""
-        from vllm.v1.worker.gpu.spec_decode.eagle.utils import get_target_lm_head
-
-        model = super().load_draft_model(target_model, target_attn_layer_names)
-        cfg = self.draft_model_config.hf_config
-        if (cfg.specx_config or {}).get(vocab.FROM_TARGET):
-            language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-            head = getattr(get_target_lm_head(target_model, language), "weight", None)
-            vocab.install_target_rows(model, head, SimpleNamespace(vocab_size=cfg.vocab_size,
-                                                                 draft_vocab_size=cfg.draft_vocab_size))
-        return model
 
     def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
                 num_sampled, num_rejected, *args, **kwargs):

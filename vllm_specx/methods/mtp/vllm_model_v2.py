@@ -23,13 +23,10 @@ Both reuse what exists rather than copying it:
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
 
 from vllm_specx import vocab
-
 from vllm_specx.methods.mtp.speculator import SpecxMTPSpeculatorConfig
 from vllm_specx.methods.mtp.vllm_model import SpecxMTPForCausalLM
 
@@ -73,8 +70,9 @@ class SpecxMTPV2ForCausalLM(SpecxMTPForCausalLM):
                                  None if d2t is None else d2t.data, self.mtp.vocab_size)
 
 
-class SpecxMTPSpeculator(MTPSpeculator):
-    """vLLM's MTP speculator, run on `SpecxMTPV2ForCausalLM`; KVShare as the module docstring says."""
+class SpecxMTPSpeculator(vocab.TargetHeadRowsV2, MTPSpeculator):
+    """vLLM's MTP speculator, run on `SpecxMTPV2ForCausalLM`; KVShare as the module docstring says;
+    a reduced draft saved with `lm_head_from_target` gets the target's rows (`vocab.TargetHeadRowsV2`)."""
 
     _speculator_name = "vllm-specx MTP"
 
@@ -84,19 +82,6 @@ class SpecxMTPSpeculator(MTPSpeculator):
         self.kv_share = bool((getattr(hf, "specx_config", None) or {}).get("kv_share"))
         # step 0's sequence length per request (a: the verified tokens), held through the steps
         self._shared_seq_lens = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
-
-    def load_draft_model(self, target_model, target_attn_layer_names):
-        """vLLM's MTP loader; a reduced draft saved with `lm_head_from_target` then gets the target
-        LM head's rows at its d2t (`vocab.install_target_rows`)."""
-        from vllm.v1.worker.gpu.spec_decode.eagle.utils import get_target_lm_head
-
-        model = super().load_draft_model(target_model, target_attn_layer_names)
-        hf = self.draft_model_config.hf_config
-        cfg = SimpleNamespace(**(getattr(hf, "specx_config", None) or {}))
-        if getattr(cfg, vocab.FROM_TARGET, False):
-            language = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-            vocab.install_target_rows(model, getattr(get_target_lm_head(target_model, language), "weight", None), cfg)
-        return model
 
     def _prepare_decode_inputs(self, input_batch, num_rejected, num_reqs, skip_attn, batch_desc) -> None:
         super()._prepare_decode_inputs(input_batch, num_rejected, num_reqs, skip_attn, batch_desc)
