@@ -63,6 +63,13 @@ VARIANTS: dict[str, list[str]] = {
     "taps-4": ["--taps", "1,14,26,29"],
     "loss-tv": ["--loss", "tv", "--ce-weight", "0.1"],
     "lr-6e-4": ["--lr", "6e-4"],
+    # the recipe's four changes (item 4: each on top of the winner, via --combine); the final-layer
+    # tap's columns start at zero (the baseline's function) or at the target's final norm
+    "final-tap": ["--final-layer-tap"],
+    "final-tap-norm": ["--final-layer-tap", "--final-tap-init", "final-norm"],
+    "layer-fusion": ["--per-layer-fusion"],
+    "slot-queries": ["--slot-queries"],
+    "rnn-head": ["--markov-head-type", "rnn"],
 }
 REFERENCES = {"eagle3": PROVIDERS["eagle3"], "mtp-glm52": PROVIDERS["mtp-glm52"]}
 

@@ -212,6 +212,34 @@ def test_final_tap_columns_from_a_native_mtp_projection(tmp_path):
         native_mtp_final_columns(tmp_path / "broken")
 
 
+def test_final_tap_columns_from_the_target_final_norm(tmp_path):
+    """--final-tap-init final-norm (issue 45 item 4): a target without an MTP layer starts the final
+    tap's columns at diag(its final norm), so with the other columns at zero the context is
+    hidden_norm(w * r) = the target's final-normed state up to hidden_norm's own weight."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain/config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    w = torch.rand(16, generator=torch.Generator().manual_seed(5)) + 0.5
+    d = make(final_layer_tap=True)
+    before = d.fc.weight[:, :32].clone()
+    assert init_final_tap(d, tmp_path / "plain", final_norm=w) == "final-norm"
+    assert torch.equal(d.fc.weight[:, -16:], torch.diag(w)) and torch.equal(d.fc.weight[:, :32], before)
+    with torch.no_grad():
+        d.fc.weight[:, :32].zero_()
+        d.hidden_norm.weight.fill_(1.0)
+    taps = torch.randn(5, 48)
+    r = taps[:, -16:]
+    want = (w * r) * torch.rsqrt((w * r).pow(2).mean(-1, keepdim=True) + d.hidden_norm.eps)
+    assert torch.allclose(d.contexts(taps)[0], want, atol=1e-5)
+    # the native projection still wins where the target has one; a wrong size is refused
+    t = _native_mtp_target(tmp_path / "glm")
+    assert init_final_tap(d, tmp_path / "glm", final_norm=w) == "eh_proj"
+    assert torch.equal(d.fc.weight[:, -16:], t["model.layers.4.eh_proj.weight"][:, 16:]
+                       * t["model.layers.4.hnorm.weight"][None])
+    with pytest.raises(ValueError, match="final norm"):
+        init_final_tap(d, tmp_path / "plain", final_norm=torch.ones(8))
+    assert init_final_tap(make(), tmp_path / "plain", final_norm=w) == "none"
+
+
 @pytest.mark.parametrize("fmt", ["specx", "speculators"])
 def test_a_baseline_checkpoint_warm_starts_the_full_recipe(tmp_path, fmt):
     base = make()

@@ -139,6 +139,30 @@ def test_every_method_trains_resumes_and_reruns_from_its_record(tmp_path, method
     assert (tmp_path / "again" / "config.json").is_file() and (tmp_path / "again" / "model.safetensors").is_file()
 
 
+def test_dspark_final_tap_init_from_the_target_final_norm(tmp_path):
+    """`--final-tap-init final-norm` reaches the built draft: its final-layer tap's fc columns are
+    diag(the target's final norm); zero by default; refused without --final-layer-tap."""
+    from vllm_specx.training import trainer
+    from vllm_specx.training.taps import embed_and_head
+
+    data = _data(tmp_path, n=2)
+    target = load_target(REF_TARGET)
+    meta = json.loads((data / "meta.json").read_text())
+    ht = int(target.config.hidden_size)
+
+    def built(*extra):
+        args = trainer.parse_args(_train_argv("dspark", data, tmp_path / "o", "--taps", "1,4", *extra))
+        return dspark_train.build(target, args, meta, *embed_and_head(target))
+
+    d = built("--final-layer-tap", "--final-tap-init", "final-norm")
+    assert d.cfg.target_layer_ids == (1, 4, 7)
+    want = torch.diag(target.get_decoder().norm.weight.detach().float())
+    assert torch.equal(d.fc.weight[:, -ht:].float(), want) and d.fc.weight[:, :-ht].abs().max() > 0
+    assert not built("--final-layer-tap").fc.weight[:, -ht:].any()
+    with pytest.raises(SystemExit, match="add --final-layer-tap"):
+        built("--final-tap-init", "final-norm")
+
+
 def test_a_distribution_loss_on_token_only_data_is_refused(tmp_path):
     from vllm_specx.training import trainer
 
@@ -342,6 +366,7 @@ def test_dspark_ablation_variants_and_conditional_acceptance():
     combos = ab.parse_combine(["both=next-added+rank-256"])
     assert ab.flags_of("both", combos)[len(ab.BASE):] == ["--next-token-stream", "added", "--markov-rank", "256"]
     assert ab.flags_of("eagle3", {})[:2] == ["--method", "eagle3"]
+    assert ab.flags_of("final-tap-norm", {})[-3:] == ["--final-layer-tap", "--final-tap-init", "final-norm"]
     for bad in (lambda: ab.flags_of("nope", {}), lambda: ab.parse_combine(["x=next-added+nope"])):
         with pytest.raises(SystemExit, match="nope"):
             bad()

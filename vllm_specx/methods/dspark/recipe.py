@@ -4,7 +4,8 @@ full-recipe head from a baseline DSpark checkpoint (ours or speculators').
 Every new parameter starts where the baseline's function is kept (`model.py`'s docstring):
 fusion_logits 0, slot_queries = the mask embedding, final-tap columns 0, except where the
 target ships a native MTP projection (GLM / DeepSeek `eh_proj`), whose final-residual half
-initialises the final-tap columns (the recipe's "GLM projection init").
+initialises the final-tap columns (the recipe's "GLM projection init"), or where the trainer asks
+for the target's final norm instead of zero (`--final-tap-init final-norm`, issue 45 item 4).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def native_mtp_final_columns(target_dir: str | Path) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def init_final_tap(draft, target_dir: str | Path | None) -> str:
+def init_final_tap(draft, target_dir: str | Path | None, final_norm: torch.Tensor | None = None) -> str:
     """Set the final-layer tap's fc columns (the last tap's block): the target's native MTP
-    projection part when it has one, else zero. Returns which ("eh_proj" or "zero")."""
+    projection part when it has one; else diag(final_norm) when given (the target's final norm
+    weight, as our MTP's `init_fusion_as_final_norm`: the context starts with the target's own
+    next-token state, norm(r) up to hidden_norm's scale); else zero (the baseline's function).
+    Returns which ("eh_proj", "final-norm" or "zero"; "none" without a final-layer tap)."""
     if not draft.cfg.final_layer_tap:
         return "none"
     ht = draft.cfg.target_hidden_size
@@ -59,6 +63,13 @@ def init_final_tap(draft, target_dir: str | Path | None) -> str:
                              f"the final-tap columns {list(cols.shape)}")
         cols.copy_(native)
         return "eh_proj"
+    if final_norm is not None:
+        if tuple(final_norm.shape) != (ht,) or cols.shape[0] != ht:
+            raise ValueError(f"--final-tap-init final-norm: the target's final norm {list(final_norm.shape)} "
+                             f"does not fit the final-tap columns {list(cols.shape)} (the draft's hidden size "
+                             "must equal the target's)")
+        cols.copy_(torch.diag(final_norm.float()).to(cols.dtype))
+        return "final-norm"
     cols.zero_()
     return "zero"
 

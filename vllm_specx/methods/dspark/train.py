@@ -55,7 +55,7 @@ from vllm_specx.training.taps import select_taps
 # trainer's `--config` reads these for absent keys): the baseline, so old records re-run as they ran.
 RECORD_DEFAULTS = {"taps": "", "final_layer_tap": False, "per_layer_fusion": False,
                    "slot_queries": False, "init_from": None, "confidence_head": None,
-                   "next_token_stream": None, "anchor_draw": "replace"}
+                   "next_token_stream": None, "anchor_draw": "replace", "final_tap_init": "zero"}
 
 
 def _stream(text: str) -> str | None:
@@ -77,6 +77,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                          "except the target's last layer, which --final-layer-tap adds)")
     ap.add_argument("--final-layer-tap", action=on_off, default=False,
                     help="recipe: the target's final residual (its last layer; in the data) as one more tap")
+    ap.add_argument("--final-tap-init", default="zero", choices=["zero", "final-norm"],
+                    help="the final-layer tap's fc columns where the target has no native MTP projection "
+                         "(whose part is used where it has one): zero (the baseline's function) or "
+                         "diag(the target's final norm weight), as our MTP initialises its fusion")
     ap.add_argument("--per-layer-fusion", action=on_off, default=False,
                     help="recipe: each draft layer its own softmax mixture of the per-tap contexts")
     ap.add_argument("--slot-queries", action=on_off, default=False,
@@ -128,6 +132,9 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if cfg.confidence_head and getattr(args, "chain_tokens", "target") != "target":
         raise SystemExit("--confidence-head: its labels are the teacher-forced acceptance (previous "
                          "tokens the target's); train it with --chain-tokens target")
+    if getattr(args, "final_tap_init", "zero") != "zero" and not cfg.final_layer_tap:
+        raise SystemExit(f"--final-tap-init {args.final_tap_init}: initialises the final-layer tap's "
+                         "columns; add --final-layer-tap")
     if only_confidence and not args.init_from:
         raise SystemExit("--train-only confidence: give the trained draft to add the head to with --init-from")
     if getattr(args, "draft_vocab", None):
@@ -140,7 +147,8 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if cfg.confidence_head:
         torch.nn.init.zeros_(draft.confidence_head.proj.bias)  # p = 1/2 up to the small weights
     try:
-        init_final_tap(draft, target.name_or_path)
+        final_norm = final_norm_weight(target) if getattr(args, "final_tap_init", "zero") == "final-norm" else None
+        init_final_tap(draft, target.name_or_path, final_norm)
         if args.init_from:
             fresh = warm_start(draft, args.init_from)
             other = [] if not only_confidence else (
@@ -157,6 +165,14 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         draft.lm_head.copy_(vocab.target_rows(lm_head, draft.d2t))
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
+
+
+def final_norm_weight(target) -> torch.Tensor:
+    """The target's final norm weight (transformers: the decoder's `norm`)."""
+    norm = getattr(target.get_decoder(), "norm", None)
+    if norm is None or getattr(norm, "weight", None) is None:
+        raise SystemExit(f"--final-tap-init final-norm: {type(target).__name__} has no decoder.norm.weight")
+    return norm.weight.detach().float().cpu()
 
 
 def default_mask_token(target_dir: str, vocab_size: int) -> int:
