@@ -20,6 +20,15 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
     return model.eval()
 
 
+def final_norm(model):
+    """The target's final norm module (transformers: the decoder's `norm`), read by the drafts that
+    start from it (MTP's fusion, DSpark's `--final-tap-init final-norm`)."""
+    norm = getattr(model.get_decoder(), "norm", None)
+    if norm is None or getattr(norm, "weight", None) is None:
+        raise SystemExit(f"{type(model).__name__}: no final norm (decoder.norm.weight) to start a draft from")
+    return norm
+
+
 def embed_and_head(model) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's input embedding [V, H] and output head [V, H] (the same tensor when tied)."""
     return model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()

@@ -48,7 +48,7 @@ from vllm_specx.methods.dspark.recipe import init_final_tap, warm_start
 from vllm_specx.training import blocks
 from vllm_specx.training.blocks import add_draft_vocab_arg, make_batch
 from vllm_specx.training.losses import DraftOutput, to_draft_vocab
-from vllm_specx.training.taps import select_taps
+from vllm_specx.training.taps import final_norm, select_taps
 
 
 # What a training record written before an argument existed meant by leaving it out (the
@@ -132,8 +132,9 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if cfg.confidence_head and getattr(args, "chain_tokens", "target") != "target":
         raise SystemExit("--confidence-head: its labels are the teacher-forced acceptance (previous "
                          "tokens the target's); train it with --chain-tokens target")
-    if getattr(args, "final_tap_init", "zero") != "zero" and not cfg.final_layer_tap:
-        raise SystemExit(f"--final-tap-init {args.final_tap_init}: initialises the final-layer tap's "
+    tap_init = getattr(args, "final_tap_init", "zero")
+    if tap_init != "zero" and not cfg.final_layer_tap:
+        raise SystemExit(f"--final-tap-init {tap_init}: initialises the final-layer tap's "
                          "columns; add --final-layer-tap")
     if only_confidence and not args.init_from:
         raise SystemExit("--train-only confidence: give the trained draft to add the head to with --init-from")
@@ -147,8 +148,8 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     if cfg.confidence_head:
         torch.nn.init.zeros_(draft.confidence_head.proj.bias)  # p = 1/2 up to the small weights
     try:
-        final_norm = final_norm_weight(target) if getattr(args, "final_tap_init", "zero") == "final-norm" else None
-        init_final_tap(draft, target.name_or_path, final_norm)
+        norm = final_norm(target).weight.detach().float() if tap_init == "final-norm" else None
+        init_final_tap(draft, target.name_or_path, norm)
         if args.init_from:
             fresh = warm_start(draft, args.init_from)
             other = [] if not only_confidence else (
@@ -165,14 +166,6 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
         draft.lm_head.copy_(vocab.target_rows(lm_head, draft.d2t))
     draft.tap_slices = [list(data_meta["taps"]).index(t) for t in taps]
     return draft
-
-
-def final_norm_weight(target) -> torch.Tensor:
-    """The target's final norm weight (transformers: the decoder's `norm`)."""
-    norm = getattr(target.get_decoder(), "norm", None)
-    if norm is None or getattr(norm, "weight", None) is None:
-        raise SystemExit(f"--final-tap-init final-norm: {type(target).__name__} has no decoder.norm.weight")
-    return norm.weight.detach().float().cpu()
 
 
 def default_mask_token(target_dir: str, vocab_size: int) -> int:

@@ -32,7 +32,7 @@ from vllm_specx.methods.mtp.config import MTPDraftConfig
 from vllm_specx.methods.mtp.model import MTPDraft, final_hidden
 from vllm_specx.training.blocks import add_chain_args, add_draft_vocab_arg, data_vocab, make_batch, parse_layers
 from vllm_specx.training.losses import DraftOutput, to_draft_vocab
-from vllm_specx.training.taps import select_taps
+from vllm_specx.training.taps import final_norm, select_taps
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def build(target, args, data_meta: dict, embed: torch.Tensor, lm_head: torch.Ten
     for p in draft.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
-    norm = target.model.norm
+    norm = final_norm(target)
     if args.init_from:
         from vllm_specx.checkpoint import load_tensors
 
