@@ -47,3 +47,23 @@ def cpu_llm(model: str | Path, speculative_config: dict | None = None, **overrid
             core.shutdown()
         del llm
         gc.collect()
+
+
+@contextlib.contextmanager
+def spawned_core():
+    """Within: offline engines start their engine core in its own process (vLLM's default), what
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 otherwise changes; the variable is restored on exit. (vLLM
+    freezes its environment reads while an engine core runs in this process and releases them
+    at its shutdown; the release here covers a core that failed to start.)"""
+    from vllm import envs
+
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    getattr(envs, "disable_envs_cache", lambda: None)()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before

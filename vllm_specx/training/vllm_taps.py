@@ -34,7 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-from vllm_specx.engine import CPU_ENGINE_ARGS, cpu_llm
+from vllm_specx.engine import CPU_ENGINE_ARGS, cpu_llm, spawned_core
 
 VLLM_INTERNALS = (
     "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:ExampleHiddenStatesConnector",
@@ -128,9 +128,13 @@ class VllmTaps:
         if max_len:  # every sequence is prefilled whole, plus the one generated position
             args.setdefault("max_model_len", max(CPU_ENGINE_ARGS["max_model_len"], max_len + 1))
         self._stack = contextlib.ExitStack()
-        self.llm = self._stack.enter_context(cpu_llm(
-            target, speculative_config=speculative_config(self.layer_ids),
-            kv_transfer_config=kv_transfer_config(self.store), **args))
+        # the connector writes a request's file in the engine step after the one that finishes
+        # it: an engine core in this process runs no such step before `generate` returns, and
+        # the reader would wait out WAIT_S; its own process keeps stepping
+        with spawned_core():
+            self.llm = self._stack.enter_context(cpu_llm(
+                target, speculative_config=speculative_config(self.layer_ids),
+                kv_transfer_config=kv_transfer_config(self.store), **args))
 
     def __call__(self, seqs: list[list[int]]):
         from vllm import SamplingParams
