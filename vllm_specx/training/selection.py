@@ -43,7 +43,7 @@ def load_data(cfg: TrainConfig, rng: random.Random) -> Data:
         raise SystemExit(f"--confidence-label soft needs the target's distribution: {cfg.data} has no top-k")
     if cfg.train_only != "confidence" and cfg.loss in NEEDS_TARGET_DISTRIBUTION and not meta.get("topk"):
         raise SystemExit(f"--loss {cfg.loss} needs the target's distribution: {cfg.data} has no "
-                         "top-k (make it with `vllm-specx gen-data ... --topk 32`)")
+                         "top-k (make it with `vllm-specx gen-data ... --topk 32`, or train with --loss ce)")
     samples = load_samples(Path(cfg.data))
     pool = usable(samples, meta, cfg.unseen_by)
     if len(pool) <= cfg.val_samples:
