@@ -128,9 +128,9 @@ class VllmTaps:
         if max_len:  # every sequence is prefilled whole, plus the one generated position
             args.setdefault("max_model_len", max(CPU_ENGINE_ARGS["max_model_len"], max_len + 1))
         self._stack = contextlib.ExitStack()
-        # the connector writes a request's file in the engine step after the one that finishes
-        # it: an engine core in this process runs no such step before `generate` returns, and
-        # the reader would wait out WAIT_S; its own process keeps stepping
+        # with the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the connector's
+        # file was still locked when `generate` returned and the reader waited out WAIT_S
+        # (tests/e2e/test_vllm_taps.py, 2026-12-07); a core in its own process releases it
         with spawned_core():
             self.llm = self._stack.enter_context(cpu_llm(
                 target, speculative_config=speculative_config(self.layer_ids),
