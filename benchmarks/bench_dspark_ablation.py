@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import curve_provenance, earlier_rows, train_queue, write_report  # noqa: E402
-from bench_learning_curve import PROVIDERS  # noqa: E402
+from bench_learning_curve import PROVIDERS, TV_LOSS  # noqa: E402
 
 BASE = PROVIDERS["dspark-baseline"]
 # variant -> flags appended to the baseline's (the references: their own provider flags)
@@ -61,7 +61,7 @@ VARIANTS: dict[str, list[str]] = {
     "layers-5": ["--layers", "5"],
     "taps-last": ["--taps", "1,14,29"],
     "taps-4": ["--taps", "1,14,26,29"],
-    "loss-tv": ["--loss", "tv", "--ce-weight", "0.1"],
+    "loss-tv": TV_LOSS,
     "lr-6e-4": ["--lr", "6e-4"],
     # the recipe's four changes (item 4: each on top of the winner, via --combine); the final-layer
     # tap's columns start at zero (the baseline's function) or at the target's final norm

@@ -49,6 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import curve_provenance, plot_panels, ratio_table, write_report  # noqa: E402
 
 
+# the references' loss (0.9·TV + 0.1·CE on the data's top-k), as the DSpark ablation's `loss-tv`
+TV_LOSS = ["--loss", "tv", "--ce-weight", "0.1"]
+
+
 def _dspark(rank: int, head: str = "vanilla", recipe: bool = False, stream: str = "none",
             tv: bool = False) -> list[str]:
     """A DSpark provider's flags, every switch spelled out (the trainer's defaults have changed
@@ -56,7 +60,7 @@ def _dspark(rank: int, head: str = "vanilla", recipe: bool = False, stream: str 
     0.9·TV + 0.1·CE on the stored top-k."""
     switches = ["--final-layer-tap", "--per-layer-fusion", "--slot-queries"] if recipe else \
         ["--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries"]
-    loss = ["--loss", "tv", "--ce-weight", "0.1"] if tv else ["--loss", "ce"]
+    loss = TV_LOSS if tv else ["--loss", "ce"]
     return ["--method", "dspark", *loss, "--layers", "2", "--block-size", "8", "--markov-rank", str(rank),
             "--markov-head-type", head, "--layout", "anchor", *switches, "--next-token-stream", stream]
 
