@@ -138,5 +138,11 @@ class SpecxSpeculatorConfig:
 
     @classmethod
     def apply_options(cls, spec) -> None:
+        if getattr(spec, "quantization", None):
+            # vLLM would pass it to the draft's model config; our draft models build their layers
+            # without a quant_config, so the draft would load unquantized while the option says fp8.
+            raise ValueError(f"vllm-specx: speculative_config option 'quantization' (= {spec.quantization!r}) "
+                             "is not supported for vllm-specx drafts on vLLM's V2 runner: the draft loads in "
+                             "the target's dtype; drop the option")
         cls.mirror(spec.draft_model_config.hf_config, cls.read_draft(spec))
         super().apply_options(spec)

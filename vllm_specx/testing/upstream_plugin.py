@@ -1,0 +1,76 @@
+"""TEST HARNESS: a pytest plugin for running vLLM 0.34's own tests with vllm-specx installed.
+
+`scripts/vllm034_upstream_tests.sh` runs vLLM's `tests/v1/spec_decode/test_custom_speculator.py`
+and `tests/v1/e2e/test_cpu_spec_decode.py` (from vLLM's sdist) with `-p
+vllm_specx.testing.upstream_plugin`. The plugin
+
+- loads vLLM's general plugins before any test (what every vLLM process does), so vllm-specx's
+  methods are registered with vLLM's speculator API while vLLM's tests run, and fails the session
+  if they are not (the run would otherwise not test "with our plugin installed");
+- with `--specx-local-model DIR`, points `test_cpu_spec_decode.MODEL` (a hub model id,
+  `Qwen/Qwen3-0.6B`) at a local model directory: the package index is the only network here;
+- with `--specx-engine-arg KEY=JSON` (repeatable), builds that module's engines with these
+  arguments over its own: `dtype="float32"` (Triton's interpreter, this machine's stand-in for
+  triton-cpu, `triton_harness`, computes NaN in vLLM's bfloat16 sampling kernels, "All-NaN slice
+  encountered", with or without vllm-specx) and `enforce_eager=true` (the test compiles the model
+  with torch.compile otherwise: over 25 min on 2 cores before the first token).
+
+With VLLM_PLUGINS=none (the control run) vLLM loads no plugin and this one only does the two
+substitutions above, so a failure seen both ways is vLLM's (or the harness's), not vllm-specx's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# vLLM internals this module uses (the layout test's manifest; they exist in vLLM 0.34)
+VLLM_INTERNALS_V2 = ("vllm.plugins:load_general_plugins", "vllm.v1.worker.gpu.spec_decode:speculator_config")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--specx-local-model", default=None,
+                     help="local model directory for vLLM tests that name a hub model (test_cpu_spec_decode.MODEL)")
+    parser.addoption("--specx-engine-arg", action="append", default=[],
+                     help="KEY=JSON: an engine argument of test_cpu_spec_decode's engines over its own")
+
+
+def pytest_configure(config):
+    import os
+
+    if os.environ.get("VLLM_PLUGINS") == "none":  # the control run: vLLM without vllm-specx's plugin
+        config._specx_registered = ["none (VLLM_PLUGINS=none: the control run)"]
+        return
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.gpu.spec_decode import speculator_config
+
+    from vllm_specx import speculator_api
+
+    load_general_plugins()
+    registered = set(speculator_config._CUSTOM_CONFIGS)
+    want = set(speculator_api.method_names())
+    if not want or not want <= registered:
+        raise pytest.UsageError(f"vllm-specx's plugin did not register {sorted(want - registered)} "
+                                f"(registered: {sorted(registered)}): is vllm-specx installed in this venv?")
+    config._specx_registered = sorted(want)
+
+
+def pytest_report_header(config):
+    return f"vllm-specx plugin loaded: {', '.join(getattr(config, '_specx_registered', []))} registered"
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+
+    local = config.getoption("--specx-local-model")
+    engine = {k: json.loads(v) for k, _, v in (a.partition("=") for a in config.getoption("--specx-engine-arg"))}
+    done = set()
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or not module.__name__.endswith("test_cpu_spec_decode") or module in done:
+            continue
+        done.add(module)
+        if local:
+            module.MODEL = local
+        if engine:
+            make = module._make_llm
+            module._make_llm = lambda _make=make, **overrides: _make(**{**engine, **overrides})
