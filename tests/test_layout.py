@@ -8,6 +8,7 @@ import ast
 import inspect
 import re
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -177,7 +178,8 @@ def test_training_does_not_import_the_benchmark_tooling():
 # evaluation tooling lives in `vllm_specx/bench/`, methods in `methods/`, vLLM patches in
 # `_vllm_compat/`.
 ROOT_MODULES = {"__init__.py", "registry.py", "checkpoint.py", "layers.py", "vocab.py", "envs.py", "engine.py",
-                "metrics.py", "assets.py", "targets.py", "cli.py", "vllm_versions.py", "speculator_api.py"}
+                "metrics.py", "assets.py", "targets.py", "cli.py", "vllm_versions.py", "speculator_api.py",
+                "progress.py"}
 
 
 def test_the_package_root_holds_only_plugin_modules():
@@ -318,3 +320,108 @@ def test_no_training_module_over_the_line_limit():
                for src in (PKG / "training").rglob("*.py")}
     over = {name: n for name, n in lengths.items() if n > TRAINING_MAX_LINES}
     assert not over, over
+
+
+# The README is what a vLLM user reads first (issue 55): short, and every link in it, in the docs
+# and in the results index resolves to a file or folder of the repository (and, for a link into a
+# Markdown file, to one of its headings).
+REPO = PKG.parent
+README = REPO / "README.md"
+README_MAX_LINES = 250
+LINKED_DOCS = (README, *sorted((REPO / "docs").rglob("*.md")), REPO / "benchmarks" / "results" / "README.md")
+_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[([^\]\n]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def _links(text: str) -> list[tuple[str, str]]:
+    """(text, target) of every Markdown link and image outside code blocks and code spans."""
+    return [(m.group(1), m.group(2)) for m in _LINK.finditer(_CODE.sub("", _FENCE.sub("", text)))]
+
+
+def _anchors(text: str) -> set[str]:
+    """The heading anchors GitHub gives a Markdown text: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", _FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        out.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return out
+
+
+def broken_links(text: str, where: Path, root: Path = REPO) -> list[str]:
+    """The relative links of `text` (a Markdown file at `where`) that point to nothing inside
+    `root`: a missing file or folder, or a missing heading of a Markdown file. URLs are not
+    followed."""
+    bad = []
+    for _, target in _links(text):
+        if re.match(r"^[a-zA-Z][\w+.-]*:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (where.parent / unquote(path)).resolve() if path else where.resolve()
+        if root.resolve() not in (dest, *dest.parents) or not dest.exists():
+            bad.append(f"{target}: no such file or folder")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+            bad.append(f"{target}: no heading #{anchor} in {dest.name}")
+    return bad
+
+
+def test_the_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_relative_link_resolves(doc):
+    assert doc.is_file(), doc
+    assert not broken_links(doc.read_text(), doc), broken_links(doc.read_text(), doc)
+
+
+def _figures(text: str) -> list[tuple[str, str]]:
+    """(figure, target) of every link whose text is a number (`[2.40](...)`, `[**1.41×**](...)`)."""
+    return [(t.strip("*"), target) for t, target in _links(text) if re.fullmatch(r"\**[\d.,]+×?\**", t)]
+
+
+def unbacked_figures(text: str, root: Path = REPO) -> list[str]:
+    """The linked figures of `text` (a Markdown file at `root`) whose link is not a file under
+    `root`/benchmarks/results that shows the same figure."""
+    results = (root / "benchmarks" / "results").resolve()
+    bad = []
+    for figure, target in _figures(text):
+        run = (root / target.partition("#")[0]).resolve()
+        if results not in run.parents or not run.is_file() or figure not in run.read_text():
+            bad.append(f"{figure} -> {target}")
+    return bad
+
+
+def test_every_figure_in_the_readme_links_to_a_run_that_holds_it():
+    """Each figure of the README's results table links to the file of its committed run, and that
+    file shows the same figure."""
+    assert len(_figures(README.read_text())) >= 24  # τ and speed-up at batch 1 and 16, six rows
+    assert not unbacked_figures(README.read_text()), unbacked_figures(README.read_text())
+
+
+def test_the_link_checks_can_fail(tmp_path):
+    """Negative control: a missing file, a missing folder, a missing heading and a link that leaves
+    the repository are reported, and existing ones, URLs and links inside code are not; a figure
+    that its linked run does not show, or that links outside the results, is reported."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Title\n\n## The ×2 table: τ\n\n## Title\n")
+    doc = tmp_path / "README.md"
+    text = ("[ok](docs/a.md) [ok](docs/) [ok](docs/a.md#the-2-table-τ) [ok](docs/a.md#title-1) ![ok](docs/a.md)\n"
+            "[web](https://example.org/missing.md) `[code](missing-in-code.md)`\n"
+            "```\n[block](missing-in-block.md)\n```\n"
+            "[gone](docs/b.md) [gone](results/) [gone](docs/a.md#no-such-heading) [out](../outside.md)\n")
+    assert [b.split(":")[0] for b in broken_links(text, doc, tmp_path)] == [
+        "docs/b.md", "results/", "docs/a.md#no-such-heading", "../outside.md"]
+    assert broken_links("[ok](docs/a.md#title)", doc, tmp_path) == []
+    run = tmp_path / "benchmarks" / "results" / "run"
+    run.mkdir(parents=True)
+    (run / "results.md").write_text("| mtp | 2.40 | 1.41× |\n")
+    (tmp_path / "docs" / "other.md").write_text("2.41\n")
+    text = ("| [2.40](benchmarks/results/run/results.md) | [**1.41×**](benchmarks/results/run/results.md) |"
+            " [2.41](benchmarks/results/run/results.md) | [2.41](docs/other.md) | [1.5×](benchmarks/results/gone.md) |")
+    assert unbacked_figures(text, tmp_path) == [
+        "2.41 -> benchmarks/results/run/results.md", "2.41 -> docs/other.md", "1.5× -> benchmarks/results/gone.md"]

@@ -36,7 +36,8 @@ from pathlib import Path
 from vllm_specx import assets, registry, targets
 from vllm_specx.assets import render  # noqa: F401  (the benchmark's inputs; used below and by tools)
 from vllm_specx.checkpoint import read_config_json
-from vllm_specx.bench.eval import generate_measured
+from vllm_specx.bench.eval import WARM_UP, generate_measured, result_line, started_llm, versus
+from vllm_specx.progress import Reporter, duration
 
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 VLLM_DRAFTERS = ("eagle3",)  # vLLM built-in methods taking a draft dir: `--method eagle3=DIR`
@@ -78,9 +79,6 @@ class Provider:
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 ADAPTIVE_SUFFIX = "+adaptive"
-
-
-WARM_UP = "The quick brown fox jumps over the lazy dog."
 
 
 def split_sample_method(text: str) -> tuple[str, str | None]:
@@ -220,46 +218,45 @@ def merge_repeats(rows: list[dict]) -> list[dict]:
 
 
 def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eos: bool,
-        engine_args: dict, prompts_per_slot: int | None = None, repeats: int = 1) -> list[dict]:
+        engine_args: dict, prompts_per_slot: int | None = None, repeats: int = 1,
+        report: Reporter = Reporter()) -> list[dict]:
     """Run every job (one engine each) and return the rows, with speed-up vs no-spec and greedy
     identity vs no-spec (same batch size, temperature 0) filled in. `prompts_per_slot`: a job at
     batch size b generates for the first prompts_per_slot * b prompts only (None: all).
     `repeats`: the whole plan runs that many times, round robin (so a slow spell of the machine
-    hits every provider), merged by `merge_repeats`."""
-    from tqdm import tqdm
+    hits every provider), merged by `merge_repeats`. `report` announces each engine ("bench
+    [n/N] ..."), shows vLLM's bar while it generates and a line per finished run, with the time
+    the rest of the plan should take."""
     from vllm import SamplingParams
 
-    from vllm_specx.engine import cpu_llm
-
-    rows = []
-    bar = tqdm(total=repeats * sum(len(j["temperatures"]) for j in jobs), desc="bench", unit="run",
-               dynamic_ncols=True)
-    for job in [j for _ in range(repeats) for j in jobs]:
+    rows, todo, t_plan = [], [j for _ in range(repeats) for j in jobs], time.perf_counter()
+    for n, job in enumerate(todo, 1):
         p = job["provider"]
         spec = p.spec(job["k"]) if job["k"] is not None else None
         job_inputs = inputs if prompts_per_slot is None else inputs[:prompts_per_slot * job["batch_size"]]
-        t0 = time.perf_counter()
-        with cpu_llm(target, spec, max_num_seqs=job["batch_size"], **engine_args) as llm:
-            start_s = round(time.perf_counter() - t0, 1)
-            # Warm-up on a text outside the measured set: a measured prompt would sit in the prefix
-            # cache, of which vLLM reuses one block less with EAGLE-style drafters (it recomputes
-            # the last block for their hidden states), an edge for no-spec and n-gram only.
+        name = f"bench [{n}/{len(todo)}] {p.label}" + (f" K={job['k']}" if job["k"] else "") + \
+            f" batch {job['batch_size']}"
+        report.line(f"{name}: starting the engine ({len(job_inputs)} prompts)")
+        with started_llm(target, spec, report, name, max_num_seqs=job["batch_size"], **engine_args) as (llm, start_s):
+            # Warm-up on a text outside the measured set (eval.WARM_UP says why).
             llm.generate([WARM_UP], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
             for temp in job["temperatures"]:
-                bar.set_postfix_str(f"{p.label} k={job['k']} b={job['batch_size']} T={temp:g}")
                 # No per-request seed: vLLM 0.32's CPU engine dies on seeded requests under load
                 # (reliability issue); the engine's own seed fixes the sampling stream instead.
                 params = SamplingParams(temperature=temp, max_tokens=max_tokens, ignore_eos=ignore_eos)
                 rows.append({"provider": p.label, "method": p.method or "none", "draft": p.model,
                              "k": job["k"], "batch_size": job["batch_size"], "temperature": temp,
                              "engine_start_s": start_s, "n_prompts": len(job_inputs),
-                             **generate_measured(llm, job_inputs, params)})
+                             **generate_measured(llm, job_inputs, params, report.vllm_bar(f"{name} T={temp:g}"))})
                 if p.adaptive:  # the proposer's counters, cumulative over this engine's runs
                     from vllm_specx.adaptive.controller import worker_summary
 
                     rows[-1]["adaptive"] = llm.collective_rpc(worker_summary)[0]
-                bar.update()
-    bar.close()
+                report.line(f"{name} T={temp:g}: {result_line(_against_nospec(rows[-1], rows))}")
+        if n < len(todo):
+            spent = time.perf_counter() - t_plan
+            report.line(f"bench: {n} of {len(todo)} engines in {duration(spent)}, "
+                        f"about {duration(spent / n * (len(todo) - n))} to go")
     rows = merge_repeats(rows)
     base = {(r["batch_size"], r["temperature"]): r for r in rows if r["method"] == "none"}
     for r in rows:
@@ -268,6 +265,37 @@ def run(target: Path, inputs: list, jobs: list[dict], max_tokens: int, ignore_eo
         compare = b is not None and r is not b and r["temperature"] == 0
         r["greedy_identical_to_nospec"] = (r["outputs"] == b["outputs"]) if compare else None
     return rows
+
+
+def _against_nospec(row: dict, rows: list[dict]) -> dict:
+    """For the line of a finished run: `row` with its speed-up against the first no-spec run of
+    its batch size and temperature measured so far, and (at T = 0) its greedy identity."""
+    base = next((r for r in rows if r["method"] == "none" and r["batch_size"] == row["batch_size"]
+                 and r["temperature"] == row["temperature"]), None)
+    if base is None or base is row:
+        return row
+    shown = versus(dict(row), base)
+    if row["temperature"] != 0:
+        shown.pop("greedy_output_identical")
+    return shown
+
+
+def summary(rows: list[dict], seconds: float, out: Path) -> str:
+    """bench's closing line: the runs and their time, the best speed-up at each batch size (at
+    the lowest temperature) and whether every greedy run equals no-spec."""
+    low = min(r["temperature"] for r in rows)
+    best = {}
+    for r in rows:
+        if r["method"] != "none" and r["temperature"] == low and r["speedup_vs_nospec"] is not None:
+            if r["batch_size"] not in best or r["speedup_vs_nospec"] > best[r["batch_size"]]["speedup_vs_nospec"]:
+                best[r["batch_size"]] = r
+    tops = ", ".join(f"batch {b} {r['provider']} {r['speedup_vs_nospec']:.2f}×" for b, r in sorted(best.items()))
+    differ = [f"{r['provider']} batch {r['batch_size']}" for r in rows if r["greedy_identical_to_nospec"] is False]
+    checked = sum(r["greedy_identical_to_nospec"] is not None for r in rows)
+    same = (f"greedy output DIFFERS from no-spec: {', '.join(differ)}" if differ else
+            f"greedy = no-spec in all {checked} T=0 runs" if checked else "no greedy run to compare")
+    return (f"bench: {len(rows)} runs in {duration(seconds)}"
+            + (f"; best speed-up at T={low:g}: {tops}" if tops else "") + f"; {same}; wrote {out}")
 
 
 def table(rows: list[dict], device: str) -> str:
@@ -411,6 +439,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--replot", action="store_true",
                     help="only rewrite results.md and the PNGs of --out from its results.json")
     ap.add_argument("--title", default=None)
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bars or heartbeats (a line per finished run and the closing summary "
+                         "stay); in a log (stderr not a terminal) a bar is a line each tenth of its prompts")
     return ap
 
 
@@ -477,8 +508,9 @@ def main(argv: list[str]) -> Path:
         raise ValueError(f"--prompts-per-slot must be at least 1, got {args.prompts_per_slot}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    t0 = time.perf_counter()
     rows = run(Path(target), inputs, jobs, args.max_tokens, ignore_eos, {"max_model_len": max_len},
-               args.prompts_per_slot, args.repeats)
+               args.prompts_per_slot, args.repeats, Reporter(quiet=args.quiet))
     title = args.title or f"{Path(str(args.target)).name} × {args.prompts}"
     report = {"meta": meta, "title": title,
               "settings": {"prompts": args.prompts, "prompt_form": form, "n_prompts": len(prompts),
@@ -492,6 +524,7 @@ def main(argv: list[str]) -> Path:
               "rows": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}
     (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     write_report(out)
+    print(summary(rows, time.perf_counter() - t0, out), flush=True)
     return out
 
 

@@ -5,16 +5,23 @@ end-to-end benchmark and the trained-head test.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from vllm_specx.engine import cpu_llm
 from vllm_specx.metrics import acceptance_summary, spec_metrics
+from vllm_specx.progress import Reporter, duration
 
+# The warm-up's prompt: a text outside every measured set (a measured prompt would sit in the
+# prefix cache, of which vLLM reuses one block less with EAGLE-style drafters, as it recomputes the
+# last block for their hidden states: an edge for no-spec and n-gram).
+WARM_UP = "The quick brown fox jumps over the lazy dog."
 _COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
-def generate_measured(llm, inputs: list, params) -> dict:
-    """`llm.generate(inputs, params)` timed, with vLLM's spec-decode counters of this call alone.
+def generate_measured(llm, inputs: list, params, use_tqdm=False) -> dict:
+    """`llm.generate(inputs, params)` timed, with vLLM's spec-decode counters of this call alone
+    (`use_tqdm`: vLLM's progress bar, e.g. `Reporter.vllm_bar`; it updates as prompts finish).
 
     Returns:
         {"output_tokens", "wall_s", "tokens_per_s", "outputs" (token ids per prompt),
@@ -23,7 +30,7 @@ def generate_measured(llm, inputs: list, params) -> dict:
     """
     before = spec_metrics(llm)
     t0 = time.perf_counter()
-    outs = llm.generate(inputs, params, use_tqdm=False)
+    outs = llm.generate(inputs, params, use_tqdm=use_tqdm)
     wall = time.perf_counter() - t0
     after = spec_metrics(llm)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
@@ -56,20 +63,42 @@ def serve_answers(target, method: str, draft, rows: list[dict], k: int, max_toke
     return got
 
 
+@contextlib.contextmanager
+def started_llm(target, speculative_config: dict | None, report: Reporter, label: str, **engine):
+    """`engine.cpu_llm(target, speculative_config, **engine)`, with `report`'s heartbeat
+    "<label>: starting the engine" while it starts; yields (the LLM, seconds its start took)."""
+    with contextlib.ExitStack() as stack:
+        t0 = time.perf_counter()
+        with report.heartbeat(f"{label}: starting the engine"):
+            llm = stack.enter_context(cpu_llm(target, speculative_config, **engine))
+        yield llm, round(time.perf_counter() - t0, 1)
+
+
 def measure(target, prompts: list[str], speculative_config: dict | None, max_tokens: int = 128,
-            temperature: float = 0.0, **engine) -> dict:
-    """Generate `max_tokens` per prompt (ignore_eos) after a one-prompt warm-up: `generate_measured`'s
-    dict (counters exclude the warm-up; without speculation, only the token and time fields)."""
+            temperature: float = 0.0, report: Reporter = Reporter(quiet=True), label: str = "",
+            **engine) -> dict:
+    """Generate `max_tokens` per prompt (ignore_eos) after a warm-up (`WARM_UP`): `generate_measured`'s
+    dict (counters exclude the warm-up; without speculation, only the token and time fields) and
+    `engine_start_s`. `report` (quiet by default) says "<label>: starting the engine" while it
+    starts and shows vLLM's bar, named `label`, while it generates."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
-    with cpu_llm(target, speculative_config, **engine) as llm:
-        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-        result = generate_measured(llm, prompts, params)
+    with started_llm(target, speculative_config, report, label, **engine) as (llm, start_s):
+        llm.generate([WARM_UP], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        result = generate_measured(llm, prompts, params, report.vllm_bar(label))
     if speculative_config is None:
         for k in (*_COUNTERS, "tau", "acceptance_per_pos"):
             result.pop(k)
-    return result
+    return {**result, "engine_start_s": start_s}
+
+
+def versus(row: dict, base: dict) -> dict:
+    """`row` with its speed-up against `base` (the no-spec run of the same prompts and batch) and
+    whether its greedy outputs equal base's (lossless)."""
+    row["speedup_vs_nospec"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
+    row["greedy_output_identical"] = row["outputs"] == base["outputs"]
+    return row
 
 
 def run_configs(target, configs: dict[str, dict | None], prompts: list[str], max_tokens: int) -> list[dict]:
@@ -78,11 +107,21 @@ def run_configs(target, configs: dict[str, dict | None], prompts: list[str], max
     rows = [{"config": name, "speculative_config": spec, **measure(target, prompts, spec, max_tokens)}
             for name, spec in configs.items()]
     base = next((r for r in rows if r["speculative_config"] is None), None)
-    for r in rows:
-        if base is not None:
-            r["speedup_vs_nospec"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
-            r["greedy_output_identical"] = r["outputs"] == base["outputs"]
-    return rows
+    return [versus(r, base) for r in rows] if base is not None else rows
+
+
+def result_line(row: dict) -> str:
+    """A finished run in one line: tau, tokens/s, the speed-up and greedy identity against no-spec
+    (where the row has them), the generation's time and the engine start's."""
+    same = row.get("greedy_output_identical", row.get("greedy_identical_to_nospec"))
+    parts = [f"τ {row['tau']:.2f}"] if row.get("tau") else []
+    parts.append(f"{row['tokens_per_s']:.1f} tok/s")
+    if row.get("speedup_vs_nospec") is not None:
+        parts.append(f"{row['speedup_vs_nospec']:.2f}× no-spec")
+    if same is not None:
+        parts.append("greedy = no-spec" if same else "greedy output DIFFERS from no-spec")
+    start = f", engine start {duration(row['engine_start_s'])}" if "engine_start_s" in row else ""
+    return ", ".join(parts) + f" ({row['output_tokens']} tokens in {duration(row['wall_s'])}{start})"
 
 
 def format_table(rows: list[dict]) -> str:

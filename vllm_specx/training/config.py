@@ -66,6 +66,7 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"
     save_dtype: str = "float32"
+    quiet: bool = False
     method_args: dict = dataclasses.field(default_factory=dict)
     keys: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)  # as_dict's order
 
@@ -185,6 +186,9 @@ def parser(method_name: str | None = None) -> argparse.ArgumentParser:
                     help="autocast dtype of forward/backward (parameters stay float32)")
     ap.add_argument("--save-dtype", default=_DEFAULTS["save_dtype"], choices=["float32", "bfloat16"],
                     help="dtype of the saved checkpoint tensors")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bar (the validation lines and the closing summary stay); in a log "
+                         "(stderr not a terminal) the bar is a line each tenth of the steps")
     if method_name in names:
         hooks(method_name).add_args(ap)
     return ap
@@ -229,7 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 
-RESUME_MAY_CHANGE = ("out", "resume", "config", "threads", "device", "val_every", "save_every")
+RESUME_MAY_CHANGE = ("out", "resume", "config", "threads", "device", "val_every", "save_every", "quiet")
 
 
 

@@ -43,10 +43,12 @@ import json
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from vllm_specx.progress import Reporter, duration
 from vllm_specx.training.generate import (
     TAPS_VIA,
     generate_tokens,
@@ -65,6 +67,7 @@ from vllm_specx.training.samples import (
     SampleStore,
     check_meta,
     load_samples,
+    read_jsonl,
     response_ids,
 )
 from vllm_specx.training.token_file import export_tokens, import_tokens, token_file_meta
@@ -134,7 +137,12 @@ def main(argv: list[str] | None = None) -> None:
                          "such as humaneval; recorded in meta.json, and `train --data` refuses it")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="end a response at the target's end of answer (chat targets); default: exactly --max-tokens")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bars (the closing summary stays); in a log (stderr not a terminal) "
+                         "a bar is a line each tenth of its work")
     args = ap.parse_args(argv)
+    t0, report = time.perf_counter(), Reporter(quiet=args.quiet)
+    report.quiet_libraries()
     # A stopped run (SIGTERM, e.g. `kill`) unwinds like Ctrl-C: the engine's context manager shuts
     # vLLM's engine-core and worker processes down instead of leaving them running; what was
     # written stays, and the same command resumes.
@@ -196,15 +204,25 @@ def main(argv: list[str] | None = None) -> None:
     if not args.taps_only:
         prompts = select_prompts(args.prompts, args.limit, args.spread, evaluation=args.for_eval)
         generate_tokens(target, prompts, out, args.max_tokens, args.temperature, batch=args.batch,
-                        ignore_eos=not args.stop_at_eos, engine_args=args.engine_args)
+                        ignore_eos=not args.stop_at_eos, engine_args=args.engine_args, report=report)
     print(f"data: {out}")
     if taps:
         where = "in vLLM's engine" if via == "vllm" else f"on {args.device}"
         print(f"taps: {len(taps)} layers {where} in {args.dtype}, by {taps_path(args.device, via)}")
         write_taps(target, out, taps, topk=args.topk, dtype=args.dtype, device=args.device, via=via,
-                   engine_args=args.engine_args)
+                   engine_args=args.engine_args, report=report)
     elif args.topk:
         raise ValueError("--topk needs --taps (they are stored together)")
+    print(summary(out, taps, time.perf_counter() - t0), flush=True)
+
+
+def summary(out: Path, taps: tuple[int, ...], seconds: float) -> str:
+    """gen-data's closing line: what the folder holds now and how long this run took."""
+    rows = read_jsonl(out / "tokens.jsonl")
+    shards = len(list((out / "taps").glob("*.safetensors"))) if taps else 0
+    stored = f", taps of {len(taps)} layers in {shards} shards" if taps else ", no taps"
+    return (f"gen-data: {out} holds {len(rows)} samples ({sum(len(r['output_ids']) for r in rows)} "
+            f"response tokens){stored}; this run {duration(seconds)}")
 
 
 if __name__ == "__main__":

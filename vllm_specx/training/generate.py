@@ -4,28 +4,28 @@ target's answers generated in vLLM (`generate_tokens`), then its taps and top-k 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
+from vllm_specx.progress import Reporter
 from vllm_specx.training.samples import SKIPPED_FILE, read_jsonl
 
 
 def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int,
                     temperature: float = 0.0, batch: int = 256, ignore_eos: bool = True,
-                    engine_args: dict | None = None) -> None:
+                    engine_args: dict | None = None, report: Reporter = Reporter()) -> None:
     """Append vLLM generations for the prompts not yet in <out>/tokens.jsonl (chats rendered
     with the target's chat template).
 
     The engine is fed continuously: up to `batch` prompts are in flight at once, so the batch never
     drains between chunks; responses are written as soon as every earlier prompt's is (prompt
     order, so a stopped run holds a prefix of the set and loses only what was in flight). The
-    progress bar counts prompts over the whole set (its ETA is for the rest) and the tokens
-    generated."""
+    progress bar (`report`'s) counts prompts over the whole set (its ETA is for the rest) and the
+    tokens generated."""
     rows = read_jsonl(out / "tokens.jsonl")
     done = {r["id"] for r in rows} | {r["id"] for r in read_jsonl(out / SKIPPED_FILE)}
     todo = [p for p in prompts if p["id"] not in done]
@@ -40,9 +40,12 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
     tok = AutoTokenizer.from_pretrained(target)
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos, seed=0)
     tokens = sum(len(r["output_ids"]) for r in rows)
-    bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="generate", unit="prompt",
-               smoothing=0.05)
-    with cpu_llm(target, **(engine_args or {})) as llm, open(out / "tokens.jsonl", "a") as f, bar:
+    with contextlib.ExitStack() as stack:
+        with report.heartbeat("gen-data: starting the engine"):
+            llm = stack.enter_context(cpu_llm(target, **(engine_args or {})))
+        f = stack.enter_context(open(out / "tokens.jsonl", "a"))
+        bar = stack.enter_context(report.bar(total=len(prompts), initial=len(prompts) - len(todo),
+                                             desc="generate", unit="prompt", smoothing=0.05, tick=1.0))
         engine, queue, in_flight = llm.llm_engine, iter(todo), {}
         finished, written = {}, 0  # rows are written in prompt order (a stopped run holds a prefix)
         limit = llm.llm_engine.model_config.max_model_len
@@ -70,8 +73,8 @@ def generate_tokens(target: str, prompts: list[dict], out: Path, max_tokens: int
                     finished[p["id"]] = None
                     with open(out / SKIPPED_FILE, "a") as sk:
                         sk.write(json.dumps({"id": p["id"], "prompt_tokens": n, "max_model_len": limit}) + "\n")
-                    print(f"gen-data: prompt {p['id']!r} has {n} tokens, not below max_model_len {limit}: "
-                          f"skipped (listed in {out / SKIPPED_FILE})", file=sys.stderr)
+                    report.line(f"gen-data: prompt {p['id']!r} has {n} tokens, not below max_model_len "
+                                f"{limit}: skipped (listed in {out / SKIPPED_FILE})")
                     continue
                 rid = f"gen-{p['id']}"
                 engine.add_request(rid, prompt, params)
@@ -122,7 +125,7 @@ def _shard_file(out: Path, first_id, index: int) -> Path:
 
 def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 32, topk: int = 0,
                dtype: str = "float32", device: str | None = None, via: str = "transformers",
-               engine_args: dict | None = None) -> None:
+               engine_args: dict | None = None, report: Reporter = Reporter()) -> None:
     """Store the target's taps (and, with topk > 0, its top-k next-token log-probabilities) for
     every generated sequence, one safetensors file per shard: by a forward in transformers on
     `device` (`taps_device`), or (via="vllm") exported by vLLM's engine (`vllm_taps`, with
@@ -134,7 +137,7 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
     (out / "taps").mkdir(exist_ok=True)
     model, device, engine = None, taps_device(device), None
     try:
-        for i in tqdm(range(0, len(rows), shard), desc="taps", unit="shard"):
+        for i in report.bar(iterable=range(0, len(rows), shard), desc="taps", unit="shard"):
             file = _shard_file(out, rows[i]["id"], i)
             if file.exists():
                 continue
@@ -143,8 +146,9 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
                 if engine is None:
                     from vllm_specx.training.vllm_taps import VllmTaps
 
-                    engine = VllmTaps(target, layer_ids, topk, dtype, engine_args,
-                                      max_len=max(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows))
+                    with report.heartbeat("gen-data: starting the engine of the taps"):
+                        engine = VllmTaps(target, layer_ids, topk, dtype, engine_args,
+                                          max_len=max(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows))
                 taps, top_logp, top_ids = engine([s.tolist() for s in seqs])
             else:
                 model = model or load_target(target, getattr(torch, dtype)).to(device)

@@ -14,6 +14,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from vllm_specx.progress import Reporter
 from vllm_specx.targets import resolve as resolve_target
 from vllm_specx.training.blocks import to_device
 from vllm_specx.training.config import TRAIN_ONLY, TrainConfig, hooks
@@ -108,8 +109,9 @@ def loop(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> None:
     run.t0 = time.time()
     if run.start == 0:
         validate(cfg, d, run, 0, None)  # the initial model: what training improves on
-    bar = tqdm(range(run.start, cfg.steps), desc=f"train {cfg.method}", initial=run.start, total=cfg.steps,
-               disable=not d.main)
+    bar = Reporter(quiet=cfg.quiet or not d.main).bar(
+        iterable=range(run.start, cfg.steps), desc=f"train {cfg.method}", unit="step", initial=run.start,
+        total=cfg.steps)
     for step in bar:
         with run.autocast:
             b = run.h.batch(run.model, data.train, run.rng, cfg.batch, cfg)
@@ -123,7 +125,7 @@ def loop(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> None:
         run.opt.step()
         run.sched.step()
         value = d.mean(loss.item())  # the global batch's loss, as the ranks' mean (DDP's gradient)
-        bar.set_postfix(loss=f"{value:.3f}")
+        bar.set_postfix(loss=f"{value:.3f}", refresh=False)
         if (step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps:
             validate(cfg, d, run, step + 1, round(value, 4))
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:

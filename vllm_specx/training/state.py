@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from vllm_specx.progress import duration
 from vllm_specx.training.config import RECORD_FILE, STATE_FILE, TrainConfig, command_flags, run_args
 from vllm_specx.training.samples import COMMANDS_FILE, load_samples
 from vllm_specx.training.dist import Dist, torchrun_command
@@ -119,6 +120,17 @@ def save(cfg: TrainConfig, d: Dist, data: Data, run: Run) -> dict:
     if d.main:
         run.h.save(run.model, cfg.out, getattr(torch, cfg.save_dtype))
         (Path(cfg.out) / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"saved {cfg.out}")
+        print(summary(cfg, run, train_s), flush=True)
     return record
+
+
+def summary(cfg: TrainConfig, run: Run, train_s: float) -> str:
+    """The closing line of a run: its steps, time and rate, the first and last validation (loss
+    and teacher-forced greedy tau) and where the draft went."""
+    rate = f", {cfg.steps / train_s:.2f} step/s" if cfg.steps and train_s else ""
+    first, last = (run.log[0], run.log[-1]) if run.log else ({}, {})
+    seen = [f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in ("val_loss", "tau_greedy")
+            if first.get(k) is not None and last.get(k) is not None]
+    return (f"train {cfg.method}: {cfg.steps} steps in {duration(train_s)}{rate}"
+            + (f"; {', '.join(seen)}" if seen else "") + f"; saved {cfg.out}")
 

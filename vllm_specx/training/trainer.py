@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import random
 
+from vllm_specx.progress import Reporter
 from vllm_specx.training.config import (
     DESCRIPTION,
     RECORD_FILE,
@@ -94,7 +95,9 @@ def train(args: argparse.Namespace | TrainConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    train(parse_args(argv))
+    args = parse_args(argv)
+    Reporter(quiet=args.quiet).quiet_libraries()
+    train(args)
 
 
 if __name__ == "__main__":
