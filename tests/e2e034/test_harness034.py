@@ -12,12 +12,14 @@ pytestmark = [pytest.mark.e2e034, pytest.mark.e2e034_ci]
 
 
 def _masks():
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p, apply_top_k_top_p_pytorch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+    from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 1000, generator=g)
     k, p = torch.tensor([20, 1000, 5, 50]), torch.tensor([0.9, 0.9, 1.0, 0.5])
-    return apply_top_k_top_p(logits.clone(), k, p) > -1e30, apply_top_k_top_p_pytorch(logits.clone(), k, p) > -1e30
+    return (apply_top_k_top_p_triton(logits.clone(), k, p) > -1e30,
+            apply_top_k_top_p_pytorch(logits.clone(), k, p) > -1e30)
 
 
 def test_vllms_topk_topp_kernel_matches_its_reference():
@@ -27,6 +29,19 @@ def test_vllms_topk_topp_kernel_matches_its_reference():
     kernel, reference = _masks()
     assert torch.equal(kernel, reference)
     assert reference.sum(1).tolist() == [17, 605, 5, 16]
+
+
+def test_the_engine_masks_top_k_top_p_by_vllms_pytorch_function():
+    """The harness routes the engine's top-k/top-p to vLLM's PyTorch function (the kernel above is
+    95 % of a sampled request's time in the interpreter), leaving vLLM's Triton probe true."""
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.v1.sample.ops import topk_topp_sampler as m
+
+    assert HAS_TRITON and m.HAS_TRITON is False and m.specx_topk_topp_by_pytorch
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 500, generator=g)
+    k, p = torch.tensor([10, 500, 3]), torch.tensor([0.8, 0.5, 1.0])
+    assert torch.equal(m.apply_top_k_top_p(logits.clone(), k, p), m.apply_top_k_top_p_pytorch(logits.clone(), k, p))
 
 
 def test_negative_control_the_bare_interpreter_fails(monkeypatch):

@@ -16,6 +16,12 @@ in for it:
   `row_id.to(tl.int64)` on its loop variable ("'int' object has no attribute 'to'", so every
   request with top_k or top_p failed). `tl.static_range` keeps Python ints, as compiled.
 
+- top-k/top-p masking in the engine by vLLM's own PyTorch function (`apply_top_k_top_p_pytorch`, what
+  vLLM runs when it has no Triton): its Triton kernel, interpreted, took 95 % of the engine's time on
+  requests with top_k/top_p (4 requests x 8 tokens: 167 s against 3.5 s greedy). The kernel itself
+  stays tested against that function (tests/e2e034/test_harness034.py); SPECX_TRITON_TOPK_TOPP=kernel
+  keeps it in the engine.
+
 It is for the e2e034 test tier only (`scripts/venv034.sh` installs a `.pth` that imports it when
 SPECX_TRITON_INTERPRETER=1, so `vllm serve`'s spawned processes get it too). It makes the engine
 correct and slow: never measure speed with it, never serve with it.
@@ -23,9 +29,14 @@ correct and slow: never measure speed with it, never serve with it.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 ENV = "SPECX_TRITON_INTERPRETER"
+TOPK_TOPP_ENV = "SPECX_TRITON_TOPK_TOPP"  # "kernel": keep vLLM's Triton top-k/top-p kernel in the engine
+TOPK_TOPP_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 
 
 def install() -> bool:
@@ -64,7 +75,38 @@ def install() -> bool:
 
     tb.backends["cpu"] = tb.Backend(compiler=BaseBackend, driver=_InterpreterDriver)
     _range_yields_scalars()
+    if os.environ.get(TOPK_TOPP_ENV) != "kernel":
+        _topk_topp_by_pytorch()
     return True
+
+
+def _topk_topp_by_pytorch() -> None:
+    """vLLM's `apply_top_k_top_p` reads its module's HAS_TRITON at each call: set it False in that
+    module alone, now or when vLLM imports it (every caller imports the function, not the flag)."""
+    def patch(module):
+        module.HAS_TRITON = False
+        module.specx_topk_topp_by_pytorch = True
+
+    if TOPK_TOPP_MODULE in sys.modules:
+        patch(sys.modules[TOPK_TOPP_MODULE])
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != TOPK_TOPP_MODULE:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            exec_module = spec.loader.exec_module
+
+            def exec_then_patch(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_then_patch
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
 
 
 def _range_yields_scalars() -> None:
