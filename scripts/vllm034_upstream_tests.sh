@@ -11,8 +11,9 @@
 # failed metadata step (--no-clean). vLLM's tests need tblib and torchvision beyond the venv's set.
 # tests/v1/e2e/test_cpu_spec_decode.py names `Qwen/Qwen3-0.6B` (a hub model): the n-gram test runs on
 # the local SmolLM2 target instead (--specx-local-model), in float32 and eager (--specx-engine-arg:
-# the interpreter's bf16 gives NaN; torch.compile takes over 25 min on 2 cores); its three
-# smoke configs need hub drafts with no local equivalent and are deselected.
+# the interpreter's bf16 gives NaN; torch.compile takes over 25 min on 2 cores); its smoke test
+# (acceptance floor 1.5) runs our SmolLM2 EAGLE-3, DSpark and MTP drafts in place of its hub pairs
+# (--specx-smoke-drafts; without the plugin, EAGLE-3 alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -33,6 +34,7 @@ fi
 plugin=(-p vllm_specx.testing.upstream_plugin)   # loads vllm-specx's plugin (checked), local model
 if [ "${SPECX_UPSTREAM_NO_PLUGIN:-0}" = 1 ]; then export VLLM_PLUGINS=none; fi   # the control: no plugin
 target="$("$VENV/bin/python" -m vllm_specx.cli target smollm2)"
+drafts="$PWD/assets/drafts"
 export SPECX_TRITON_INTERPRETER=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1
 cd "$SRC"
 rc=0
@@ -41,7 +43,8 @@ if [ "$what" = all ] || [ "$what" = custom ]; then
 fi
 if [ "$what" = all ] || [ "$what" = cpu ]; then
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/v1/e2e/test_cpu_spec_decode.py \
-    -k ngram --specx-local-model "$target" --specx-engine-arg 'dtype="float32"' \
+    -k "ngram or speculator_smoke" --specx-local-model "$target" --specx-smoke-drafts "$drafts" \
+    --specx-engine-arg 'dtype="float32"' \
     --specx-engine-arg enforce_eager=true || rc=$?
 fi
 exit "$rc"
