@@ -13,7 +13,7 @@
 # the local SmolLM2 target instead (--specx-local-model), in float32 and eager (--specx-engine-arg:
 # the interpreter's bf16 gives NaN; torch.compile takes over 25 min on 2 cores); its smoke test
 # (acceptance floor 1.5) runs our SmolLM2 EAGLE-3, DSpark and MTP drafts in place of its hub pairs
-# (--specx-smoke-drafts; without the plugin, EAGLE-3 alone).
+# (--specx-smoke-draft; without the plugin, EAGLE-3 alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
@@ -34,7 +34,10 @@ fi
 plugin=(-p vllm_specx.testing.upstream_plugin)   # loads vllm-specx's plugin (checked), local model
 if [ "${SPECX_UPSTREAM_NO_PLUGIN:-0}" = 1 ]; then export VLLM_PLUGINS=none; fi   # the control: no plugin
 target="$("$VENV/bin/python" -m vllm_specx.cli target smollm2)"
-drafts="$PWD/assets/drafts"
+d="$PWD/assets/drafts"   # vLLM's smoke configs -> our SmolLM2 drafts (method:folder:K, K as vLLM's config)
+smoke=(--specx-smoke-draft "eagle3=eagle3:$d/smollm2-eagle3:3" --specx-smoke-draft "dflash=dspark:$d/smollm2-dspark:4"
+       --specx-smoke-draft "mtp=mtp:$d/smollm2-mtp:3")
+if [ "${SPECX_UPSTREAM_NO_PLUGIN:-0}" = 1 ]; then smoke=("${smoke[@]:0:2}"); fi   # the control: vLLM's EAGLE-3 alone
 export SPECX_TRITON_INTERPRETER=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1
 cd "$SRC"
 rc=0
@@ -43,7 +46,7 @@ if [ "$what" = all ] || [ "$what" = custom ]; then
 fi
 if [ "$what" = all ] || [ "$what" = cpu ]; then
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/v1/e2e/test_cpu_spec_decode.py \
-    -k "ngram or speculator_smoke" --specx-local-model "$target" --specx-smoke-drafts "$drafts" \
+    -k "ngram or speculator_smoke" --specx-local-model "$target" "${smoke[@]}" \
     --specx-engine-arg 'dtype="float32"' \
     --specx-engine-arg enforce_eager=true || rc=$?
 fi

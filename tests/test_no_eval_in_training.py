@@ -3,7 +3,8 @@
 (`assets/prompts/train.jsonl`, which the committed head's and the speculators fixtures' data come
 from), nor with the token sequences stored in the speculators fixtures; the chat target's training
 prompts (`chat-train`) share no prompt, no 8-word run and no function name with HumanEval, and
-nothing with the held-out chat sets (`chat-code`, `chat-prose`)."""
+nothing with the held-out chat sets (`chat-code`, `chat-prose`); the second large chat set
+(`chat-mix2`) repeats no prompt and no function of `chat-mix`."""
 
 import json
 from pathlib import Path
@@ -88,7 +89,7 @@ CHAT_TRAIN = [n for n, (form, role, _) in assets.PROMPT_SETS.items() if form == 
 
 
 def test_every_chat_training_set_is_checked():
-    assert {"chat-train", "chat-mix"} <= set(CHAT_TRAIN)
+    assert {"chat-train", "chat-mix", "chat-mix2"} <= set(CHAT_TRAIN)
 
 
 @pytest.mark.parametrize("train_set", CHAT_TRAIN)
@@ -123,6 +124,35 @@ def test_chat_training_prompts_share_nothing_with_the_heldout_chat_sets(train_se
         src = lambda r: r["source"].split(":", 1)[1].split(".")[0]  # noqa: E731 - module or topic
         assert not {src(r) for r in rows} & {src(r) for r in train_rows}, name
     assert grams
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(x) for x in (ASSETS / "prompts" / f"{name}.jsonl").read_text().splitlines()]
+
+
+def _functions(rows: list[dict]) -> set[str]:
+    """The functions ("module.name") a chat set's code prompts ask about."""
+    return {r["source"].split(":", 1)[1] for r in rows if not r["source"].startswith("topic:")}
+
+
+def test_chat_mix2_repeats_nothing_of_chat_mix():
+    """chat-mix2 (more on-policy data: scripts/make_mix_prompts.py --more --exclude ...) shares no
+    prompt with chat-mix or chat-train, asks about no function they ask about, and shares no
+    8-word run with the reference target's evaluation windows (`code`, `prose`) either."""
+    new = _rows("chat-mix2")
+    assert len(new) >= 7200 and len({r["id"] for r in new}) == len(new)
+    texts = {assets.prompt_text(r["messages"]) for r in new}
+    assert len(texts) == len(new)
+    for name in ("chat-mix", "chat-train"):
+        old = _rows(name)
+        assert not texts & {assets.prompt_text(r["messages"]) for r in old}, name
+        assert not _functions(new) & _functions(old), name
+    grams = set().union(*(_word_grams(p) for name in EVAL for p in load_prompts(name)))
+    hits = [t for t in texts if _word_grams(t) & grams]
+    assert not hits, f"{len(hits)} chat-mix2 prompts share a {WORDS}-word run with code/prose: {hits[:3]}"
+    completions = sum(t.startswith("Complete this Python function.") for t in texts)
+    prose = sum(r["source"].startswith("topic:") for r in new)
+    assert completions and prose and len(new) - completions - prose  # chat-mix's three kinds
 
 
 def test_the_humaneval_check_can_fail(humaneval):

@@ -51,6 +51,8 @@ PROMPT_SETS = {
     "chat-mix": ("chat", "train", "the large chat training set: HumanEval-style completions and code "
                  "instructions from many installed packages' functions, chat and prose requests, and "
                  "every chat-train prompt (scripts/make_mix_prompts.py)"),
+    "chat-mix2": ("chat", "train", "a second large chat training set of the same kinds, from further packages, "
+                  "templates and topics, repeating no chat-mix prompt or function (make_mix_prompts.py --more)"),
     "chat-code": ("chat", "eval", "held-out code instructions from stdlib modules chat-train never "
                   "uses (scripts/make_chat_prompts.py)"),
     "chat-prose": ("chat", "eval", "held-out prose requests on topics chat-train never uses"),

@@ -9,11 +9,11 @@ vllm_specx.testing.upstream_plugin`. The plugin
   if they are not (the run would otherwise not test "with our plugin installed");
 - with `--specx-local-model DIR`, points `test_cpu_spec_decode.MODEL` (a hub model id,
   `Qwen/Qwen3-0.6B`) at a local model directory: the package index is the only network here;
-- with `--specx-smoke-drafts DIR` (the committed drafts, `assets/drafts`), runs that module's
-  `test_speculator_smoke` (vLLM's acceptance floor, 1.5 tokens a pass) on the local model with our
-  SmolLM2 drafts in place of its hub pairs: `eagle3` with our EAGLE-3 draft (vLLM's own method),
-  `dflash` with our DSpark (the block drafter our plugin serves), `mtp` with our MTP draft; in the
-  control run (no plugin) only `eagle3`, the others being our plugin's methods;
+- with `--specx-smoke-draft ID=METHOD:DIR:K` (repeatable), runs that module's
+  `test_speculator_smoke` (vLLM's acceptance floor, 1.5 tokens a pass) config ID on the local model
+  with our draft DIR served by METHOD in place of its hub pair (the script passes our SmolLM2
+  drafts; in the control run, without our plugin, only vLLM's own EAGLE-3); configs given no draft
+  are skipped;
 - with `--specx-engine-arg KEY=JSON` (repeatable), builds that module's engines with these
   arguments over its own: `dtype="float32"` (Triton's interpreter, this machine's stand-in for
   triton-cpu, `triton_harness`, computes NaN in vLLM's bfloat16 sampling kernels, "All-NaN slice
@@ -32,16 +32,11 @@ import pytest
 VLLM_INTERNALS_V2 = ("vllm.plugins:load_general_plugins", "vllm.v1.worker.gpu.spec_decode:speculator_config")
 
 
-# test_speculator_smoke's ids -> (method, our draft folder, K as vLLM's config has it)
-SMOKE_DRAFTS = {"eagle3": ("eagle3", "smollm2-eagle3", 3), "dflash": ("dspark", "smollm2-dspark", 4),
-                "mtp": ("mtp", "smollm2-mtp", 3)}
-
-
 def pytest_addoption(parser):
     parser.addoption("--specx-local-model", default=None,
                      help="local model directory for vLLM tests that name a hub model (test_cpu_spec_decode.MODEL)")
-    parser.addoption("--specx-smoke-drafts", default=None,
-                     help="folder of our committed drafts: test_speculator_smoke on them and the local model")
+    parser.addoption("--specx-smoke-draft", action="append", default=[],
+                     help="ID=METHOD:DIR:K: test_speculator_smoke's config ID run with this draft on the local model")
     parser.addoption("--specx-engine-arg", action="append", default=[],
                      help="KEY=JSON: an engine argument of test_cpu_spec_decode's engines over its own")
 
@@ -73,11 +68,10 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     import json
 
-    import os
     from pathlib import Path
 
     local = config.getoption("--specx-local-model")
-    smoke = config.getoption("--specx-smoke-drafts")
+    smoke = {i: tuple(v.split(":")) for i, _, v in (a.partition("=") for a in config.getoption("--specx-smoke-draft"))}
     engine = {k: json.loads(v) for k, _, v in (a.partition("=") for a in config.getoption("--specx-engine-arg"))}
     done = set()
     for item in items:
@@ -85,13 +79,12 @@ def pytest_collection_modifyitems(config, items):
         if module is None or not module.__name__.endswith("test_cpu_spec_decode"):
             continue
         if smoke and local and item.originalname == "test_speculator_smoke":
-            pair = SMOKE_DRAFTS.get(item.callspec.id)
-            if pair is None or (os.environ.get("VLLM_PLUGINS") == "none" and pair[0] != "eagle3"):
-                item.add_marker(pytest.mark.skip(reason="no local draft, or our plugin's method in the control run"))
+            method, draft, k = smoke.get(item.callspec.id, (None, None, None))
+            if method is None:
+                item.add_marker(pytest.mark.skip(reason="no local draft given (--specx-smoke-draft)"))
             else:
-                method, draft, k = pair
                 item._specx_smoke = {"model": local, "speculative_config": {
-                    "method": method, "model": str(Path(smoke) / draft), "num_speculative_tokens": k}}
+                    "method": method, "model": str(Path(draft)), "num_speculative_tokens": int(k)}}
         if module in done:
             continue
         done.add(module)
