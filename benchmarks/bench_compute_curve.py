@@ -171,22 +171,104 @@ def with_earlier(args, rows: list[dict]) -> list[dict]:
                   key=lambda r: (r["sample_draws"], order.index(r["provider"]) if r["provider"] in order else len(order)))
 
 
+DRAFT_COST = Path(__file__).resolve().parent / "results" / "draft-cost-smollm2" / "results.json"
+
+
+def draft_cost(provider: str) -> tuple[float, float] | None:
+    """(draft ms per pass at batch 1, at batch 16) of the provider's architecture, from
+    `bench_draft_cost.py`'s report (a draft's cost depends on its architecture, not its training),
+    or None when that report has no such row."""
+    if not DRAFT_COST.is_file() or provider not in ALL_PROVIDERS:
+        return None
+    costs = {r["name"]: r for r in json.loads(DRAFT_COST.read_text())["rows"]}
+    flags = ALL_PROVIDERS[provider]
+    method = flags[flags.index("--method") + 1]
+    name = f"{method}-L{flags[flags.index('--layers') + 1]}" if "--layers" in flags else method
+    r = costs.get(name)
+    return None if r is None else (r["batch 1"]["draft_ms_per_pass"], r["batch 16"]["draft_ms_per_pass"])
+
+
 def table(rows: list[dict], sets: list[str]) -> str:
     head = ("| provider | steps × batch | sample-draws | draft vocabulary | "
             + " | ".join(f"τ served {s}" for s in sets)
-            + " | τ teacher-forced " + sets[0] + " | τ validation (chat-mix) | train s |")
-    lines = [head, "|" + "---|" * (7 + len(sets))]
+            + " | τ teacher-forced " + sets[0] + " | τ validation (chat-mix) | draft ms / pass (batch 1 / 16) | train s |")
+    lines = [head, "|" + "---|" * (8 + len(sets))]
     for r in rows:
         taus = " | ".join(f"{r['eval'][s]['tau_served']:.3f}" if r["eval"].get(s, {}).get("tau_served") else "-"
                           for s in sets)
         tf = r["eval"].get(sets[0], {}).get("tau_teacher_forced")
+        cost = draft_cost(r["provider"])
         lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | "
                      f"{r['draft_vocab'] or 'full'} | {taus} | "
-                     f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | {r['wall_s']:.0f} ({r['device']}) |")
+                     f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | "
+                     f"{f'{cost[0]:.1f} / {cost[1]:.1f}' if cost else '-'} | {r['wall_s']:.0f} ({r['device']}) |")
     others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
     lines += ratio_table(rows, sets, "sample_draws", "sample-draws", lambda r, s: r["eval"].get(s, {}).get("tau_served"),
                          others, "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):")
+    lines += trend_table(trends(rows, sets, others))
+    if DRAFT_COST.is_file():
+        lines += ["", "Draft ms / pass: time in the drafter's `propose` per target pass in vLLM's CPU engine, K = 7 "
+                  "(benchmarks/results/draft-cost-smollm2; it depends on the architecture, not the budget)."]
     return "\n".join(lines)
+
+
+def ratios(rows: list[dict], s: str, provider: str, baseline: str = "eagle3") -> list[tuple[int, float]]:
+    """(sample-draws, served τ of `provider` / `baseline`'s) on set `s` at every budget both have."""
+    by: dict[int, dict[str, float]] = {}
+    for r in rows:
+        t = r["eval"].get(s, {}).get("tau_served")
+        if t:
+            by.setdefault(r["sample_draws"], {})[r["provider"]] = t
+    return sorted((n, v[provider] / v[baseline]) for n, v in by.items() if provider in v and baseline in v)
+
+
+def trends(rows: list[dict], sets: list[str], providers: list[str]) -> list[dict]:
+    """Per set and provider: the least-squares line ratio = a + b·log10(sample-draws) through the
+    `ratios` points, and the budgets where it reaches 1.0 and 1.3 (None where it does not trend
+    there: slope <= 0 below the level; 'reached' where the last point is already at or above it)."""
+    import math
+
+    out = []
+    for s in sets:
+        for p in providers:
+            pts = ratios(rows, s, p)
+            t = {"set": s, "provider": p, "points": len(pts), "slope_per_10x": None, "cross": {}}
+            if len(pts) >= 2 and len({n for n, _ in pts}) >= 2:
+                xs, ys = [math.log10(n) for n, _ in pts], [y for _, y in pts]
+                mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+                b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+                a = my - b * mx
+                t["slope_per_10x"] = round(b, 4)
+                for level in (1.0, 1.3):
+                    if ys[-1] >= level:
+                        t["cross"][level] = "reached"
+                    elif b > 0:
+                        t["cross"][level] = round(10 ** ((level - a) / b))
+                    else:
+                        t["cross"][level] = None
+            out.append(t)
+    return out
+
+
+def trend_table(ts: list[dict]) -> list[str]:
+    if not ts:
+        return []
+    lines = ["", "Trend: the ratio above against log10(sample-draws), least squares per set and provider "
+             "(ratio = a + b·log10 draws), and where that line reaches 1.0 and 1.3 (an extrapolation; "
+             "\"no trend\": slope <= 0; fewer than 2 budgets: no fit):", "",
+             "| set | provider | budgets | slope per 10× draws | reaches 1.0 at | reaches 1.3 at |", "|---|---|---|---|---|---|"]
+
+    def at(v):  # past 10^9 draws (~30,000x this curve's range) the line says nothing practical
+        return "-" if v is None else v if isinstance(v, str) else f"{v:,} draws" if v <= 1e9 else "beyond 10⁹ draws"
+    for t in ts:
+        if t["slope_per_10x"] is None:
+            lines.append(f"| {t['set']} | {t['provider']} | {t['points']} | no fit | - | - |")
+            continue
+        c = t["cross"]
+        lines.append(f"| {t['set']} | {t['provider']} | {t['points']} | {t['slope_per_10x']:+.3f} | "
+                     f"{at(c.get(1.0)) if c.get(1.0) is not None else 'no trend'} | "
+                     f"{at(c.get(1.3)) if c.get(1.3) is not None else 'no trend'} |")
+    return lines
 
 
 def plot(rows: list[dict], sets: list[str], out: Path, title: str) -> None:
@@ -242,12 +324,17 @@ def main() -> None:
                if (p, s) not in finished]
     meta["not_run_yet"] = missing
     text = table(rows, sets) + (f"\n\nNot run yet (the curve is partial): {', '.join(missing)}" if missing else "")
-    write_report({"meta": meta, "rows": rows}, args.out / "results.json", text)
+    write_report({"meta": meta, "rows": rows, "trends": trends(rows, sets, [p for p in dict.fromkeys(
+        r["provider"] for r in rows) if p != "eagle3"])}, args.out / "results.json", text)
     (args.out / "results.md").write_text(
         f"# Compute curve, {args.target}: τ as served (T = 0, K = {args.k}) against training compute\n\n"
         f"Per run (with its --steps; --val-every = --steps): {' '.join(fixed_flags(args))}"
         f"{f' --draft-vocab {args.draft_vocab}' if args.draft_vocab else ''}\n\n{text}\n")
     plot(rows, sets, args.out / "compute_curve.png", f"{args.target}: τ as served vs training compute")
+    others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
+    plot_panels({s: {p: ratios(rows, s, p) for p in others} for s in sets}, args.out / "ratio_to_eagle3.png",
+                f"{args.target}: served τ / EAGLE-3's at equal budget", "training compute (steps × batch)",
+                "τ / EAGLE-3's τ")
     print(f"wrote {args.out}")
     for spec in args.export:
         provider, _, dest = spec.partition("=")

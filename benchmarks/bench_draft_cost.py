@@ -56,8 +56,8 @@ def deeper_dspark(src: Path, dst: Path, layers: int) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in out.items()}, str(dst / "model.safetensors"))
     cfg["num_hidden_layers"] = layers
-    cfg.setdefault("specx", {})["timing_stand_in"] = f"{src.name}'s {have} layers repeated to {layers}: untrained"
-    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))  # (our reader refuses unknown fields)
+    (dst / "README.txt").write_text(f"timing stand-in: {src.name}'s {have} layers repeated to {layers}; untrained\n")
     return dst
 
 
@@ -171,6 +171,12 @@ def main(argv=None) -> None:
         b = f"batch {args.batch}"
         print(f"[{i}/{len(plan)}] {name}: draft ms/pass {r['batch 1']['draft_ms_per_pass']} (batch 1), "
               f"{r[b]['draft_ms_per_pass']} ({b})", flush=True)
+        report(args, argv, rows)  # after every engine: an interrupted run keeps what it measured
+
+
+def report(args, argv, rows: list[dict]) -> None:
+    import torch
+
     report = {"meta": provenance(torch.device("cpu"), args, what="ms in the drafter's propose per target pass, "
                                  "median of repeats; dspark-L>2 are timing stand-ins (layers repeated)"),
               "rows": rows}

@@ -54,14 +54,14 @@ TV_LOSS = ["--loss", "tv", "--ce-weight", "0.1"]
 
 
 def _dspark(rank: int, head: str = "vanilla", recipe: bool = False, stream: str = "none",
-            tv: bool = False) -> list[str]:
+            tv: bool = False, layers: int = 2) -> list[str]:
     """A DSpark provider's flags, every switch spelled out (the trainer's defaults have changed
-    since the earlier runs): 2 layers, block 8, the anchor layout; CE, or with `tv` the ablation's
-    0.9·TV + 0.1·CE on the stored top-k."""
+    since the earlier runs): `layers` layers (2 unless said), block 8, the anchor layout; CE, or
+    with `tv` the ablation's 0.9·TV + 0.1·CE on the stored top-k."""
     switches = ["--final-layer-tap", "--per-layer-fusion", "--slot-queries"] if recipe else \
         ["--no-final-layer-tap", "--no-per-layer-fusion", "--no-slot-queries"]
     loss = TV_LOSS if tv else ["--loss", "ce"]
-    return ["--method", "dspark", *loss, "--layers", "2", "--block-size", "8", "--markov-rank", str(rank),
+    return ["--method", "dspark", *loss, "--layers", str(layers), "--block-size", "8", "--markov-rank", str(rank),
             "--markov-head-type", head, "--layout", "anchor", *switches, "--next-token-stream", stream]
 
 
@@ -79,6 +79,10 @@ PROVIDERS = {
     "dspark-stream-r96": _dspark(96, stream="added"),
     # + the TV loss, the ablation's best at 8,000 draws (win+tv), at the committable rank
     "dspark-stream-r96-tv": _dspark(96, stream="added", tv=True),
+    # the same at equal serving cost to EAGLE-3 (issue 56): 4 layers, the most whose draft time per
+    # pass stays within EAGLE-3's K = 7 at batch 1 and 16 in vLLM's CPU engine
+    # (benchmarks/results/draft-cost-smollm2: 2 layers 16 / 60 ms, 4 layers 26 / 91, EAGLE-3 44 / 102)
+    "dspark-stream-r96-l4": _dspark(96, stream="added", layers=4),
     "mtp-glm52": ["--method", "mtp", "--loss", "chain-tv", "--ce-weight", "0.1", "--kv-share", "on",
                   "--drafts", "7"],
     "eagle3": ["--method", "eagle3", "--loss", "ce", "--taps", "1,14,26", "--drafts", "7"],

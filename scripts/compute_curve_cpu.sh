@@ -6,7 +6,8 @@
 #   nohup nice -n 19 bash scripts/compute_curve_cpu.sh > ~/.cache/vllm-specx/compute-curve-cpu.log 2>&1 &
 #   bash scripts/compute_curve_cpu.sh --status     # where it is: data, finished runs, the running step
 #
-# STAGES (default "2200:dspark-stream-r96,eagle3,mtp-glm52 4400:eagle3,dspark-stream-r96") is a list of
+# STAGES (default "2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400:eagle3,dspark-stream-r96";
+# dspark-stream-r96-l4: the DSpark at equal serving cost to EAGLE-3; at 4400 the better DSpark of 2200) is a list of
 # STEPS:PROVIDERS; steps x batch 32 = sample-draws (2200: 70,400; 4400: 140,800). Every step resumes:
 # gen-data skips written shards, a finished run is read (its training.json), an interrupted one
 # continues from its last trainer_state.pt (saved every 100 steps). So after a stop (a session's end,
@@ -19,7 +20,7 @@ cache="${VLLM_SPECX_CACHE:-$HOME/.cache/vllm-specx}"
 D="$cache/data"
 RUNS="$cache/runs/compute-curve-cpu"
 OUT="${OUT:-benchmarks/results/compute-curve-smollm2}"
-STAGES="${STAGES:-2200:dspark-stream-r96,eagle3,mtp-glm52 4400:eagle3,dspark-stream-r96}"
+STAGES="${STAGES:-2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400:eagle3,dspark-stream-r96}"
 say() { echo "[$(date '+%F %T')] compute_curve_cpu: $*"; }
 if [ "${1:-}" = "--status" ]; then
   for d in smollm2-chat-mix eval-smollm2-humaneval eval-smollm2-chat-code eval-smollm2-chat-prose; do

@@ -45,7 +45,8 @@ if [ "$what" = all ] || [ "$what" = custom ]; then
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/v1/spec_decode/test_custom_speculator.py || rc=$?
 fi
 if [ "$what" = all ] || [ "$what" = cpu ]; then
-  "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${plugin[@]}" tests/v1/e2e/test_cpu_spec_decode.py \
+  # --capture=sys: the plugin's `specx:` lines (sys.__stderr__) reach the terminal, not pytest's fd capture
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider --capture=sys "${plugin[@]}" tests/v1/e2e/test_cpu_spec_decode.py \
     -k "ngram or speculator_smoke" --specx-local-model "$target" "${smoke[@]}" \
     --specx-engine-arg 'dtype="float32"' \
     --specx-engine-arg enforce_eager=true || rc=$?

@@ -98,7 +98,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _reported(compute):
-    """vLLM's acceptance-length helper, its value also written to the terminal (past pytest's capture)."""
+    """vLLM's acceptance-length helper, its value also written to the terminal (sys.__stderr__: past
+    pytest's capture when it captures at the sys level, `--capture=sys`, as the script runs it)."""
     import sys
 
     def wrapped(*args, **kwargs):
