@@ -16,7 +16,7 @@
 #   bash scripts/test.sh --tier quick   # quick only: `-m "not e2e and not full"`
 #   bash scripts/test.sh --tier e2e     # e2e only: `-m "e2e and not full"`
 #   bash scripts/test.sh --tier full    # everything on 0.32: quick, e2e and full
-#   bash scripts/test.sh --tier e2e034  # the vLLM 0.34 tier (its own venv; ~25 min)
+#   bash scripts/test.sh --tier e2e034  # the vLLM 0.34 tier (its own venv; 49 min on 2 shared cores)
 #
 # SPECX_TEST_TIER=<tier> does what --tier does. Extra arguments go to pytest (e.g. -k lossless, or a
 # test file); a later `-m` replaces the tier's. Every run ends with the 25 slowest tests
