@@ -188,7 +188,12 @@ def draft_cost(provider: str) -> tuple[float, float] | None:
     return None if r is None else (r["batch 1"]["draft_ms_per_pass"], r["batch 16"]["draft_ms_per_pass"])
 
 
-def table(rows: list[dict], sets: list[str]) -> str:
+def challengers(rows: list[dict]) -> list[str]:
+    """The providers measured against EAGLE-3, in row order."""
+    return [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
+
+
+def table(rows: list[dict], sets: list[str], ts: list[dict]) -> str:
     head = ("| provider | steps × batch | sample-draws | draft vocabulary | "
             + " | ".join(f"τ served {s}" for s in sets)
             + " | τ teacher-forced " + sets[0] + " | τ validation (chat-mix) | draft ms / pass (batch 1 / 16) | train s |")
@@ -202,10 +207,9 @@ def table(rows: list[dict], sets: list[str]) -> str:
                      f"{r['draft_vocab'] or 'full'} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | "
                      f"{f'{cost[0]:.1f} / {cost[1]:.1f}' if cost else '-'} | {r['wall_s']:.0f} ({r['device']}) |")
-    others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
     lines += ratio_table(rows, sets, "sample_draws", "sample-draws", lambda r, s: r["eval"].get(s, {}).get("tau_served"),
-                         others, "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):")
-    lines += trend_table(trends(rows, sets, others))
+                         challengers(rows), "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):")
+    lines += trend_table(ts)
     if DRAFT_COST.is_file():
         lines += ["", "Draft ms / pass: time in the drafter's `propose` per target pass in vLLM's CPU engine, K = 7 "
                   "(benchmarks/results/draft-cost-smollm2; it depends on the architecture, not the budget)."]
@@ -323,15 +327,15 @@ def main() -> None:
     missing = [run_name(p, s, args.batch) for s in args.budgets for p in args.providers
                if (p, s) not in finished]
     meta["not_run_yet"] = missing
-    text = table(rows, sets) + (f"\n\nNot run yet (the curve is partial): {', '.join(missing)}" if missing else "")
-    write_report({"meta": meta, "rows": rows, "trends": trends(rows, sets, [p for p in dict.fromkeys(
-        r["provider"] for r in rows) if p != "eagle3"])}, args.out / "results.json", text)
+    others = challengers(rows)
+    ts = trends(rows, sets, others)
+    text = table(rows, sets, ts) + (f"\n\nNot run yet (the curve is partial): {', '.join(missing)}" if missing else "")
+    write_report({"meta": meta, "rows": rows, "trends": ts}, args.out / "results.json", text)
     (args.out / "results.md").write_text(
         f"# Compute curve, {args.target}: τ as served (T = 0, K = {args.k}) against training compute\n\n"
         f"Per run (with its --steps; --val-every = --steps): {' '.join(fixed_flags(args))}"
         f"{f' --draft-vocab {args.draft_vocab}' if args.draft_vocab else ''}\n\n{text}\n")
     plot(rows, sets, args.out / "compute_curve.png", f"{args.target}: τ as served vs training compute")
-    others = [p for p in dict.fromkeys(r["provider"] for r in rows) if p != "eagle3"]
     plot_panels({s: {p: ratios(rows, s, p) for p in others} for s in sets}, args.out / "ratio_to_eagle3.png",
                 f"{args.target}: served τ / EAGLE-3's at equal budget", "training compute (steps × batch)",
                 "τ / EAGLE-3's τ")

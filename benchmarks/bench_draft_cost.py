@@ -8,8 +8,8 @@ its layers over a block of K + 1 positions. So the committed SmolLM2 drafts are 
 and DSparks with more layers are the committed DSpark with its layers repeated (`--dspark-layers`:
 the same weights copied, an untrained stand-in whose acceptance means nothing; only its time is
 read). Each engine serves the held-out prompts twice, greedy, K drafts a pass: one prompt at a time
-(batch 1) and all at once (batch `--batch`); a wrapper around the engine's drafter (`collective_rpc`)
-sums the time spent in `propose` and counts its calls. The no-spec row gives the target's own time
+(batch 1) and all at once (batch `--batch`); a probe on the engine's drafter (`_propose_probe`)
+times each `propose` call. The no-spec row gives the target's own time
 per pass at each batch for scale.
 
     .venv/bin/python benchmarks/bench_draft_cost.py --out benchmarks/results/draft-cost-smollm2
@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _propose_probe import propose_probe  # noqa: E402
 from _report import provenance, write_report  # noqa: E402
 
 # name -> (method, committed draft folder); the compute curve's providers map onto these rows
@@ -61,31 +62,6 @@ def deeper_dspark(src: Path, dst: Path, layers: int) -> Path:
     return dst
 
 
-def _time_propose(worker, reset: bool = True):
-    """In the worker: wrap the drafter's `propose` once with a timer; return and (reset) zero
-    {"calls", "seconds"}."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if drafter is None:
-        return None
-    if not hasattr(drafter, "_specx_cost"):
-        propose = drafter.propose
-        drafter._specx_cost = {"calls": 0, "seconds": 0.0}
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return propose(*args, **kwargs)
-            finally:
-                drafter._specx_cost["seconds"] += time.perf_counter() - t0
-                drafter._specx_cost["calls"] += 1
-
-        drafter.propose = timed
-    cost = dict(drafter._specx_cost)
-    if reset:
-        drafter._specx_cost.update(calls=0, seconds=0.0)
-    return cost
-
-
 def measure(target, spec, inputs, batch: int, max_tokens: int, repeats: int) -> dict:
     """One engine: per batch setting, the median over `repeats` of ms in `propose` per call, ms of
     wall per target pass (wall / passes), and tokens/s."""
@@ -98,7 +74,7 @@ def measure(target, spec, inputs, batch: int, max_tokens: int, repeats: int) -> 
     out = {}
     with cpu_llm(target, spec, max_num_seqs=batch) as llm:
         llm.generate(inputs[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-        llm.collective_rpc(_time_propose)
+        llm.collective_rpc(propose_probe)
         for name, groups in (("batch 1", [[x] for x in inputs]), (f"batch {batch}", [inputs[:batch]])):
             runs = []
             for _ in range(repeats):
@@ -106,10 +82,11 @@ def measure(target, spec, inputs, batch: int, max_tokens: int, repeats: int) -> 
                 t0 = time.perf_counter()
                 n = sum(len(o.outputs[0].token_ids) for g in groups for o in llm.generate(g, params, use_tqdm=False))
                 wall = time.perf_counter() - t0
-                cost = llm.collective_rpc(_time_propose)[0]
+                calls = llm.collective_rpc(propose_probe)[0]
                 drafts = spec_metrics(llm).get("num_drafts", 0) - before.get("num_drafts", 0)
-                passes = cost["calls"] if cost else None
-                runs.append({"draft_ms_per_pass": round(1e3 * cost["seconds"] / cost["calls"], 2) if cost else 0.0,
+                passes = len(calls) if calls else None
+                runs.append({"draft_ms_per_pass": round(1e3 * sum(c["seconds"] for c in calls) / passes, 2)
+                             if passes else 0.0,
                              "propose_calls": passes, "num_drafts": drafts, "tokens_per_s": round(n / wall, 2),
                              "wall_ms_per_pass": round(1e3 * wall / passes, 2) if passes else None,
                              "output_tokens": n})
@@ -147,9 +124,9 @@ def main(argv=None) -> None:
 
     import torch
 
-    from vllm_specx import targets
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_vllm_versions import prompts
+
+    from vllm_specx import targets
 
     torch.set_num_threads(2)
     target = targets.ensure("smollm2")

@@ -27,25 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _record_passes(worker):
-    """In the worker: wrap the drafter's propose (vLLM 0.32: `drafter`; 0.34: `speculator`) once to
-    keep each pass's draft ids; return and clear what was kept."""
-    runner = worker.model_runner
-    d = getattr(runner, "speculator", None) or runner.drafter
-    if not hasattr(d, "_specx_passes"):
-        propose, d._specx_passes = d.propose, []
-
-        def recorded(*args, **kwargs):
-            out = propose(*args, **kwargs)
-            ids = out[0] if isinstance(out, tuple) else out
-            d._specx_passes.append(ids.tolist() if hasattr(ids, "tolist") else [list(x) for x in ids])
-            return out
-        d.propose = recorded
-    got = list(d._specx_passes)
-    d._specx_passes.clear()
-    return got
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _propose_probe import propose_probe  # noqa: E402
 
 
 def record(args) -> None:
@@ -67,12 +50,12 @@ def record(args) -> None:
     spec = {"method": "dspark", "model": str(args.draft), "num_speculative_tokens": args.k}
     rows = []
     with cpu_llm(target, spec, max_num_seqs=1) as llm:
-        llm.collective_rpc(_record_passes)
+        llm.collective_rpc(propose_probe)
         for p in prompts:
             o = llm.generate([p], SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
                              use_tqdm=False)[0]
             rows.append({"prompt_ids": tok(p)["input_ids"], "engine_prompt_ids": list(o.prompt_token_ids),
-                         "out": list(o.outputs[0].token_ids), "passes": llm.collective_rpc(_record_passes)[0]})
+                         "out": list(o.outputs[0].token_ids), "passes": [c["drafts"] for c in llm.collective_rpc(propose_probe)[0]]})
     args.out.write_text(json.dumps({"vllm": vllm.__version__, "draft": str(args.draft), "k": args.k, "rows": rows}))
     print(f"wrote {args.out}: {sum(len(r['passes']) for r in rows)} passes, vLLM {vllm.__version__}")
 
@@ -83,10 +66,10 @@ def compare(args) -> None:
     from vllm_specx.methods.dspark.checkpoint import load_draft
     from vllm_specx.training.taps import embed_and_head, load_target, target_taps
 
+    target = load_target(ROOT / "assets" / "ref-target")  # every file is a run on the reference target
+    embed, head = embed_and_head(target)
     for f in args.files:
         rec = json.loads(Path(f).read_text())
-        target = load_target(ROOT / "assets" / "ref-target")
-        embed, head = embed_and_head(target)
         draft = load_draft(rec["draft"], embed, head).float().eval()
         k, n, equal, first = rec["k"], 0, 0, 0
         accepted = 0
