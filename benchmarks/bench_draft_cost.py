@@ -8,7 +8,7 @@ its layers over a block of K + 1 positions. So the committed SmolLM2 drafts are 
 and DSparks with more layers are the committed DSpark with its layers repeated (`--dspark-layers`:
 the same weights copied, an untrained stand-in whose acceptance means nothing; only its time is
 read). Each engine serves the held-out prompts twice, greedy, K drafts a pass: one prompt at a time
-(batch 1) and all at once (batch `--batch`); a probe on the engine's drafter (`_propose_probe`)
+(batch 1) and all at once (batch `--batch`); a probe on the engine's drafter (`vllm_specx.testing.propose_probe`)
 times each `propose` call. The no-spec row gives the target's own time
 per pass at each batch for scale.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _propose_probe import propose_probe  # noqa: E402
+from vllm_specx.testing.propose_probe import propose_probe  # noqa: E402
 from _report import provenance, write_report  # noqa: E402
 
 # name -> (method, committed draft folder); the compute curve's providers map onto these rows

@@ -35,6 +35,9 @@ case "$tier" in
   e2e034 | e2e034-ci)
     venv="$(bash scripts/venv034.sh)"
     [ "$tier" = e2e034 ] && select=(-m e2e034) || select=(-m e2e034_ci)
+    echo "scripts/test.sh: tier $tier on a CPU with $("$venv/bin/python" -c 'import torch.cpu as c; print(
+      "AMX" if c._is_amx_tile_supported() else "AVX-512 BF16" if c._is_avx512_bf16_supported()
+      else "AVX-512" if c._is_avx512_supported() else "AVX2 (no AVX-512)")')"
     rc=0
     "$venv/bin/python" -m pytest "${select[@]}" -q -p no:cacheprovider --strict-markers --durations=25 \
       tests/e2e034 "$@" || rc=$?

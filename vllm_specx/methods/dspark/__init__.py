@@ -106,6 +106,7 @@ METHOD = registry.register(registry.Method(
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.forward",
         "vllm._custom_ops:rms_norm",
+        "vllm.platforms:current_platform",  # cpu_k_norm: the repair is for CPU kernels only
         "vllm.v1.spec_decode.dflash:DFlashProposer",
         # lm_head_from_target: the target's rows copied in (`vocab.TargetHeadRows`)
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._maybe_share_lm_head",

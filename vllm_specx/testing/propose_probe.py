@@ -1,4 +1,4 @@
-"""A probe on an engine's drafter, for benchmarks that read what each target pass proposed.
+"""A probe on an engine's drafter, for benchmarks and tests that read what each target pass proposed.
 
 `LLM.collective_rpc(propose_probe)` wraps the worker's drafter (vLLM 0.32's V1 `drafter`, vLLM
 0.34's V2 `speculator`) once, so that every `propose` call records its wall time and its draft
