@@ -50,9 +50,15 @@ DEFAULT_PROVIDERS = ["mtp-glm52", "eagle3", "dspark-baseline", "dspark-recipe"]
 def budget_flags(args, steps: int) -> list[str]:
     return ["--steps", str(steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
             "--anchors", str(args.anchors), "--lr", str(args.lr), "--threads", str(args.threads), "--dtype", "bfloat16",
-            "--val-samples", str(args.val_samples), "--val-every", str(steps),
+            "--val-samples", str(args.val_samples), "--val-every", str(val_every(steps)),
             "--save-every", str(min(100, steps)), "--seed", str(args.seed), "--eval-drafts", str(args.k),
             "--save-dtype", "bfloat16", "--device", args.device]
+
+
+def val_every(steps: int) -> int:
+    """Validation steps of a run: at its end, and from 2,200 steps on (70,400 draws at batch 32,
+    ~10 passes over the chat-mix answers) every quarter, so that over-fitting shows (`overfit_table`)."""
+    return steps if steps < 2200 else steps // 4
 
 
 def fixed_flags(args) -> list[str]:
@@ -64,8 +70,9 @@ def fixed_flags(args) -> list[str]:
     return out
 
 
-def run_name(provider: str, steps: int, batch: int) -> str:
-    return f"{provider}-{steps}x{batch}"
+def run_name(provider: str, steps: int, batch: int, tag: str | None = None) -> str:
+    """A run's folder name; `tag` (`--run-tag`): runs on other training data than the curve's first."""
+    return f"{provider}-{steps}x{batch}" + (f"-{tag}" if tag else "")
 
 
 def command(args, provider: str, steps: int, out: Path) -> list[str]:
@@ -80,10 +87,10 @@ def run_all(args) -> list[tuple[str, int]]:
     """Train every (provider, budget) not yet trained, `--jobs` at a time, the largest budgets
     first (`--report-only`: none); the (provider, steps) pairs that have finished."""
     todo = [(p, s) for s in sorted(args.budgets, reverse=True) for p in args.providers]
-    done = lambda p, s: (args.runs / run_name(p, s, args.batch) / "training.json").is_file()  # noqa: E731
+    done = lambda p, s: (args.runs / run_name(p, s, args.batch, args.run_tag) / "training.json").is_file()  # noqa: E731
     if not args.report_only:
-        train_queue(args.runs, args.jobs, [(run_name(p, s, args.batch),
-                                            command(args, p, s, args.runs / run_name(p, s, args.batch)))
+        train_queue(args.runs, args.jobs, [(run_name(p, s, args.batch, args.run_tag),
+                                            command(args, p, s, args.runs / run_name(p, s, args.batch, args.run_tag)))
                                            for p, s in todo])
     return [t for t in todo if done(*t)]
 
@@ -135,11 +142,14 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
                      "eval": served_eval(measured),
                      "command": trained["command"]})
     for p, s in runs:
-        rec = json.loads((args.runs / run_name(p, s, args.batch) / "training.json").read_text())
+        rec = json.loads((args.runs / run_name(p, s, args.batch, args.run_tag) / "training.json").read_text())
         last = rec["log"][-1]
         a = rec["args"]
         rows.append({"provider": p, "steps": a["steps"], "batch": a["batch"],
                      "sample_draws": a["steps"] * a["batch"], "device": a["device"],
+                     **({"run_tag": args.run_tag} if args.run_tag else {}),
+                     "data_prompts": rec.get("data", {}).get("prompts"), "data_samples": rec.get("data_samples"),
+                     "losses": [[x["step"], x.get("train_loss"), x.get("val_loss")] for x in rec["log"]],
                      "wall_s": rec["wall_s"], "val_tau_greedy": last.get("tau_greedy"),
                      "draft_vocab": a.get("draft_vocab"), "eval": served_eval(rec),
                      "command": "vllm-specx train " + command_flags(argparse.Namespace(**a))})
@@ -147,7 +157,7 @@ def rows_of(args, runs: list[tuple[str, int]]) -> list[dict]:
 
 
 def point(r: dict) -> tuple:
-    return r["provider"], r["sample_draws"], bool(r.get("committed_draft"))
+    return r["provider"], r["sample_draws"], bool(r.get("committed_draft")), r.get("run_tag")
 
 
 def with_earlier(args, rows: list[dict]) -> list[dict]:
@@ -194,26 +204,49 @@ def challengers(rows: list[dict]) -> list[str]:
 
 
 def table(rows: list[dict], sets: list[str], ts: list[dict]) -> str:
-    head = ("| provider | steps × batch | sample-draws | draft vocabulary | "
+    head = ("| provider | steps × batch | sample-draws | training data | draft vocabulary | "
             + " | ".join(f"τ served {s}" for s in sets)
             + " | τ teacher-forced " + sets[0] + " | τ validation (chat-mix) | draft ms / pass (batch 1 / 16) | train s |")
-    lines = [head, "|" + "---|" * (8 + len(sets))]
+    lines = [head, "|" + "---|" * (9 + len(sets))]
     for r in rows:
         taus = " | ".join(f"{r['eval'][s]['tau_served']:.3f}" if r["eval"].get(s, {}).get("tau_served") else "-"
                           for s in sets)
         tf = r["eval"].get(sets[0], {}).get("tau_teacher_forced")
         cost = draft_cost(r["provider"])
-        lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | "
+        data = f"{r['data_samples']:,} answers" if r.get("data_samples") else "-"
+        lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {data} | "
                      f"{r['draft_vocab'] or 'full'} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | "
                      f"{f'{cost[0]:.1f} / {cost[1]:.1f}' if cost else '-'} | {r['wall_s']:.0f} ({r['device']}) |")
     lines += ratio_table(rows, sets, "sample_draws", "sample-draws", lambda r, s: r["eval"].get(s, {}).get("tau_served"),
                          challengers(rows), "Served τ against EAGLE-3 at equal budget (the project's goal: ≥ 1.3×):")
     lines += trend_table(ts)
+    lines += overfit_table(rows)
     if DRAFT_COST.is_file():
         lines += ["", "Draft ms / pass: time in the drafter's `propose` per target pass in vLLM's CPU engine, K = 7 "
                   "(benchmarks/results/draft-cost-smollm2; it depends on the architecture, not the budget)."]
     return "\n".join(lines)
+
+
+def overfit_table(rows: list[dict]) -> list[str]:
+    """Over-fitting, for the runs validated more than once (`val_every`): the validation loss (the
+    held-back chat-mix answers) at each validation beside that step's training-batch loss; a
+    validation loss that rises while the training loss falls is over-fitting."""
+    runs = [r for r in rows if len([x for x in r.get("losses", []) if x[0]]) > 1]
+    if not runs:
+        return []
+    lines = ["", "Over-fitting: validation loss / training-batch loss at each validation "
+             "(the training loss is one batch's, noisy):", "",
+             "| provider | sample-draws | training data | " + " | ".join(f"{q}/4 of the run" for q in range(1, 5))
+             + " | validation loss rose |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        pts = [x for x in r["losses"] if x[0]][-4:]
+        rose = any(b[2] > a[2] for a, b in zip(pts, pts[1:]))
+        data = f"{r['data_samples']:,} answers" if r.get("data_samples") else "-"
+        cells = [f"{v:.3f} / {t:.3f}" if t is not None else f"{v:.3f}" for _, t, v in pts]
+        lines.append(f"| {r['provider']} | {r['sample_draws']:,} | {data} | " + " | ".join(cells + ["-"] * (4 - len(cells)))
+                     + f" | {'yes' if rose else 'no'} |")
+    return lines
 
 
 def ratios(rows: list[dict], s: str, provider: str, baseline: str = "eagle3") -> list[tuple[int, float]]:
@@ -312,6 +345,9 @@ def main() -> None:
                     help="also measure a trained draft (e.g. a committed one) as a point of PROVIDER's line, "
                          "at the budget its record says (evaluated, not trained)")
     ap.add_argument("--report-only", action="store_true", help="train nothing: report the finished runs")
+    ap.add_argument("--run-tag", default=None,
+                    help="runs on other training data than the curve's first (e.g. x2: twice the answers): "
+                         "named <provider>-<steps>x<batch>-TAG, kept beside untagged points of the same budget")
     args = ap.parse_args()
     unknown = [p for p in args.providers if p not in ALL_PROVIDERS]
     if unknown:
@@ -324,7 +360,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = curve_provenance(torch.device(args.device if torch.cuda.is_available() else "cpu"), args, rows,
                             providers={p: ALL_PROVIDERS[p] for p in args.providers})
-    missing = [run_name(p, s, args.batch) for s in args.budgets for p in args.providers
+    missing = [run_name(p, s, args.batch, args.run_tag) for s in args.budgets for p in args.providers
                if (p, s) not in finished]
     meta["not_run_yet"] = missing
     others = challengers(rows)
@@ -344,7 +380,7 @@ def main() -> None:
         provider, _, dest = spec.partition("=")
         if provider not in args.providers or not dest:
             raise SystemExit(f"--export {spec}: give PROVIDER=DIR with PROVIDER one of {args.providers}")
-        export(args.runs / run_name(provider, max(args.budgets), args.batch), Path(dest), args,
+        export(args.runs / run_name(provider, max(args.budgets), args.batch, args.run_tag), Path(dest), args,
                curve="benchmarks/bench_compute_curve.py")
 
 

@@ -6,9 +6,13 @@
 #   nohup nice -n 19 bash scripts/compute_curve_cpu.sh > ~/.cache/vllm-specx/compute-curve-cpu.log 2>&1 &
 #   bash scripts/compute_curve_cpu.sh --status     # where it is: data, finished runs, the running step
 #
-# STAGES (default "2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400:eagle3,dspark-stream-r96";
+# STAGES (default "2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400@x2:eagle3,dspark-stream-r96";
 # dspark-stream-r96-l4: the DSpark at equal serving cost to EAGLE-3; at 4400 the better DSpark of 2200) is a list of
-# STEPS:PROVIDERS; steps x batch 32 = sample-draws (2200: 70,400; 4400: 140,800). Every step resumes:
+# STEPS[@x2]:PROVIDERS; steps x batch 32 = sample-draws (2200: 70,400; 4400: 140,800). "@x2": on twice the
+# answers, the chat-mix's and SmolLM2's answers to the rest of chat-mix and to chat-mix2 (`gen-data
+# --from-tokens ... --prompts chat-mix+chat-mix2`: the chat-mix answers rebuilt, their taps linked from
+# the chat-mix folder, the new prompts answered in vLLM and tapped), made before the first such stage,
+# its runs named <provider>-<steps>x32-x2. Every step resumes:
 # gen-data skips written shards, a finished run is read (its training.json), an interrupted one
 # continues from its last trainer_state.pt (saved every 100 steps). So after a stop (a session's end,
 # a reboot) the same command continues; nothing is trained twice. Time here (2 idle cores): the taps
@@ -20,19 +24,22 @@ cache="${VLLM_SPECX_CACHE:-$HOME/.cache/vllm-specx}"
 D="$cache/data"
 RUNS="$cache/runs/compute-curve-cpu"
 OUT="${OUT:-benchmarks/results/compute-curve-smollm2}"
-STAGES="${STAGES:-2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400:eagle3,dspark-stream-r96}"
+STAGES="${STAGES:-2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400@x2:eagle3,dspark-stream-r96}"
 say() { echo "[$(date '+%F %T')] compute_curve_cpu: $*"; }
 if [ "${1:-}" = "--status" ]; then
   for d in smollm2-chat-mix eval-smollm2-humaneval eval-smollm2-chat-code eval-smollm2-chat-prose; do
     echo "$d: $(ls "$D/$d" 2>/dev/null | grep -c . || true) files"
   done
+  d2="$D/smollm2-chat-mix-x2"
+  echo "smollm2-chat-mix-x2: $(grep -c . "$d2/tokens.jsonl" 2>/dev/null || echo 0) answers, $(ls "$d2/taps" 2>/dev/null | grep -c . || true) taps shards"
   for s in $STAGES; do
     IFS=, read -ra ps <<< "${s#*:}"
+    steps="${s%%:*}"; tag=""; [ "${steps#*@}" != "$steps" ] && tag="-${steps#*@}"; steps="${steps%%@*}"
     for p in "${ps[@]}"; do
-      r="$RUNS/$p-${s%%:*}x32"
-      if [ -f "$r/training.json" ]; then echo "$p at ${s%%:*} steps: done"
-      elif [ -f "$RUNS/$p-${s%%:*}x32.log" ]; then echo "$p at ${s%%:*} steps: $(tr '\r' '\n' < "$RUNS/$p-${s%%:*}x32.log" | grep -o '[0-9]*/[0-9]* \[[^]]*\]' | tail -1)"
-      else echo "$p at ${s%%:*} steps: not started"; fi
+      name="$p-${steps}x32$tag"
+      if [ -f "$RUNS/$name/training.json" ]; then echo "$name: done"
+      elif [ -f "$RUNS/$name.log" ]; then echo "$name: $(tr '\r' '\n' < "$RUNS/$name.log" | grep -o '[0-9]*/[0-9]* \[[^]]*\]' | tail -1)"
+      else echo "$name: not started"; fi
     done
   done
   exit 0
@@ -44,13 +51,28 @@ say "target ready"
 chat_mix=assets/data/smollm2-chat-mix.tokens.npz evals=assets/data
 source scripts/_curve_data.sh   # sets evals_flags
 say "data ready after $(( $(date +%s) - t0 )) s"
+twice_the_answers() {  # the @x2 data: the chat-mix answers plus the rest of chat-mix and chat-mix2's
+  local d2="$D/smollm2-chat-mix-x2"
+  if [ ! -d "$d2/taps" ]; then  # the chat-mix answers' taps are the same tensors: linked, not recomputed
+    mkdir -p "$d2" && cp -al "$D/smollm2-chat-mix/taps" "$d2/taps"
+  fi
+  say "data x2: answering the rest of chat-mix+chat-mix2 in vLLM, then its taps ($d2)"
+  "$py" -m vllm_specx.cli gen-data --from-tokens "$chat_mix" --prompts chat-mix+chat-mix2 "${taps[@]}" \
+      --out "$d2" --batch 256 --engine-args '{"gpu_memory_utilization": 0.3, "max_num_seqs": 128}'
+}
 for s in $STAGES; do
   IFS=, read -ra ps <<< "${s#*:}"
+  steps="${s%%:*}"; data="$D/smollm2-chat-mix"; tag=()
+  if [ "${steps#*@}" != "$steps" ]; then
+    [ "${steps#*@}" = x2 ] || { echo "compute_curve_cpu: stage $s: only @x2 is known" >&2; exit 2; }
+    twice_the_answers
+    data="$D/smollm2-chat-mix-x2"; tag=(--run-tag x2); steps="${steps%%@*}"
+  fi
   for p in "${ps[@]}"; do
-    say "${s%%:*} steps x 32: $p (log: $RUNS/$p-${s%%:*}x32.log)"
-    "$py" benchmarks/bench_compute_curve.py --target smollm2 --data "$D/smollm2-chat-mix" "${evals_flags[@]}" \
+    say "$steps steps x 32 on $(basename "$data"): $p (log: $RUNS/$p-${steps}x32${tag[1]:+-${tag[1]}}.log)"
+    "$py" benchmarks/bench_compute_curve.py --target smollm2 --data "$data" "${evals_flags[@]}" \
         --batch 32 --draft-vocab 14677 --jobs 1 --threads 2 --runs "$RUNS" --out "$OUT" \
-        --budgets "${s%%:*}" --providers "$p"
+        --budgets "$steps" --providers "$p" "${tag[@]}"
   done
 done
 say "all stages done after $(( $(date +%s) - t0 )) s"

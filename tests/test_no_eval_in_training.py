@@ -174,7 +174,10 @@ def _draft_data_sets() -> dict[str, str]:
 
 def _is_training_set(prompts: str) -> bool:
     name = Path(prompts).stem if prompts.endswith(".jsonl") else prompts
-    return assets.PROMPT_SETS.get(name, (None, None))[1] == "train"
+    try:
+        return assets.prompt_set(name)[1] == "train"  # a registered set, or training sets joined "A+B"
+    except ValueError:
+        return False
 
 
 def test_committed_drafts_were_trained_on_training_sets_only():
@@ -187,6 +190,23 @@ def test_committed_drafts_were_trained_on_training_sets_only():
 def test_the_draft_record_check_can_fail():
     assert not _is_training_set("humaneval") and not _is_training_set("assets/prompts/code.jsonl")
     assert _is_training_set("chat-train") and _is_training_set("assets/prompts/train.jsonl")
+    assert _is_training_set("chat-mix+chat-mix2") and not _is_training_set("chat-mix+humaneval")
+
+
+def test_joined_training_sets_keep_their_ids_and_refuse_evaluation_sets():
+    """"A+B" (more data on top of A's: gen-data --from-tokens FILE --prompts A+B) is A's prompts
+    with their ids, then B's; an evaluation set cannot be joined in, even by gen-data --for-eval."""
+    from vllm_specx.training.data import read_prompts
+
+    a, b = assets.load_prompts("chat-mix"), assets.load_prompts("chat-mix2", limit=5)
+    joined = read_prompts("chat-mix+chat-mix2", limit=len(a) + 5)
+    assert [r["id"] for r in joined] == list(range(len(a) + 5))
+    assert [r["prompt"] for r in joined] == a + b
+    for bad, why in (("chat-mix+humaneval", "only training sets"), ("chat-mix+chat-mix", "joined twice"),
+                     ("chat-mix+train", "joins raw and chat"), ("chat-mix+nope", "unknown prompt set 'nope'")):
+        for evaluation in (False, True):
+            with pytest.raises(ValueError, match=why):
+                read_prompts(bad, evaluation=evaluation)
 
 
 def test_gen_data_refuses_an_evaluation_set():

@@ -35,6 +35,22 @@ def test_taps_are_written_once_and_reloaded(tmp_path):
     torch.testing.assert_close(s["taps"].float(), ref, atol=2e-2, rtol=1e-2)  # stored as fp16
 
 
+def test_taps_cover_answers_added_after_a_short_last_shard(tmp_path):
+    """gen-data resumed with more answers (more data on top, `--from-tokens FILE --prompts A+B`)
+    after the taps were stored: the last shard, written short, is made again whole, so every answer
+    has taps; the full shards are kept."""
+    rows = [{"id": i, "prompt_ids": [5, 6, 7], "output_ids": list(range(10, 10 + i + 1))} for i in range(7)]
+    tokens = tmp_path / "tokens.jsonl"
+    tokens.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
+    write_taps(str(REF_TARGET), tmp_path, (1, 4), shard=2)  # shards 0-1, 2-3 and a short one: 4
+    full = [tmp_path / "taps" / f"{i:06d}.safetensors" for i in (0, 2)]
+    stamps = [f.stat().st_mtime_ns for f in full]
+    tokens.write_text("".join(json.dumps(r) + "\n" for r in rows))  # answers 5 and 6 come
+    write_taps(str(REF_TARGET), tmp_path, (1, 4), shard=2)
+    assert sorted(s["ids"].numel() for s in load_samples(tmp_path)) == [4 + i for i in range(7)]
+    assert [f.stat().st_mtime_ns for f in full] == stamps
+
+
 def test_trainer_learns_a_deterministic_continuation():
     """Sequences count up mod 40; after a few steps the draft predicts every next token."""
     torch.manual_seed(0)
@@ -398,3 +414,35 @@ def test_curve_reports_keep_the_points_of_earlier_sessions(tmp_path):
                     ("eagle3", 35200, True, "2026-12-05")]  # its committed folder is not replaced
     alone = cc.with_earlier(argparse.Namespace(out=tmp_path / "none", committed=[], export=[]), new)
     assert alone == [new[1], new[0]]  # no earlier report: this run's rows, by budget
+
+
+def test_curve_trend_names_the_budget_and_overfitting_shows():
+    """bench_compute_curve: the DSpark/EAGLE-3 ratio's least-squares line against log10(draws)
+    names where it reaches 1.0 and 1.3 (none when it falls); a run tagged with other data (x2) is
+    a point beside the untagged one of the same budget; a validation loss that rises between
+    validations is reported as over-fitting."""
+    import argparse
+
+    cc = _bench_module("bench_compute_curve")
+
+    def row(p, n, tau, **kw):
+        return {"provider": p, "sample_draws": n, "eval": {"he": {"tau_served": tau}}, **kw}
+
+    rows = [row("eagle3", 1000, 2.0), row("dspark", 1000, 1.8), row("eagle3", 10000, 2.0), row("dspark", 10000, 2.0),
+            row("mtp", 1000, 2.2), row("mtp", 10000, 2.1)]
+    t = {x["provider"]: x for x in cc.trends(rows, ["he"], ["dspark", "mtp"])}
+    assert t["dspark"]["slope_per_10x"] == pytest.approx(0.1) and t["dspark"]["cross"][1.0] == "reached"
+    assert t["dspark"]["cross"][1.3] == pytest.approx(10 ** 7, rel=1e-5)  # 0.6 + 0.1 log10(n) = 1.3
+    assert t["mtp"]["slope_per_10x"] < 0 and t["mtp"]["cross"] == {1.0: "reached", 1.3: None}
+    assert "no trend" in "\n".join(cc.trend_table(list(t.values())))
+    assert cc.run_name("eagle3", 4400, 32, "x2") == "eagle3-4400x32-x2" and cc.run_name("eagle3", 4400, 32) == "eagle3-4400x32"
+    assert cc.point(row("eagle3", 1000, 2.0)) != cc.point(row("eagle3", 1000, 2.0, run_tag="x2"))
+    args = argparse.Namespace(out=Path("/nonexistent"), committed=[], export=[])
+    assert len(cc.with_earlier(args, [row("eagle3", 1000, 2.0), row("eagle3", 1000, 2.1, run_tag="x2")])) == 2
+    assert cc.val_every(1100) == 1100 and cc.val_every(4400) == 1100
+    fit = row("dspark", 140800, 2.0, losses=[[0, None, 9.0], [1100, 2.1, 2.3], [2200, 2.0, 2.2], [3300, 1.9, 2.1], [4400, 1.8, 2.0]])
+    over = row("eagle3", 140800, 2.0, data_samples=7150,
+               losses=[[0, None, 9.0], [1100, 2.1, 2.3], [2200, 1.9, 2.2], [3300, 1.6, 2.25], [4400, 1.4, 2.3]])
+    lines = cc.overfit_table([fit, over, row("mtp", 1000, 2.0, losses=[[0, None, 9.0], [100, 2.0, 2.1]])])
+    assert [x.split(" | ")[-1] for x in lines if x.startswith("| dspark") or x.startswith("| eagle3")] == ["no |", "yes |"]
+    assert "7,150 answers" in "\n".join(lines) and not any(x.startswith("| mtp") for x in lines)

@@ -70,12 +70,44 @@ def humaneval_problems() -> list[dict]:
     return list(read_problems().values())
 
 
+def prompt_set_parts(name: str) -> list[str]:
+    """The registered sets a prompt-set name stands for: itself, or for "A+B" (training sets of one
+    form joined in that order, e.g. "chat-mix+chat-mix2") A and B. A prompt's id in "A+B" is its
+    position there, so A's prompts keep their ids: data made on A extends to "A+B"
+    (`gen-data --from-tokens FILE --prompts A+B`). Raises ValueError naming what is wrong."""
+    parts = name.split("+")
+    for part in parts:
+        if part not in PROMPT_SETS:
+            raise ValueError(f"unknown prompt set {part!r}: known sets are {', '.join(PROMPT_SETS)}")
+    if len(parts) > 1:
+        if len(set(parts)) < len(parts):
+            raise ValueError(f"prompt set {name!r}: a set joined twice")
+        if any(PROMPT_SETS[x][1] != "train" for x in parts):
+            raise ValueError(f"prompt set {name!r}: only training sets are joined with '+' "
+                             f"({', '.join(x for x in parts if PROMPT_SETS[x][1] != 'train')} are evaluation sets)")
+        if len({PROMPT_SETS[x][0] for x in parts}) > 1:
+            raise ValueError(f"prompt set {name!r}: joins raw and chat sets")
+    return parts
+
+
+def prompt_set(name: str) -> tuple[str, str, str]:
+    """(form, role, description) of a prompt-set name (`PROMPT_SETS`, or a join "A+B")."""
+    parts = prompt_set_parts(name)
+    if len(parts) == 1:
+        return PROMPT_SETS[name]
+    return PROMPT_SETS[parts[0]][0], "train", " + ".join(PROMPT_SETS[x][2] for x in parts)
+
+
 def load_prompts(name: str = "code", limit: int | None = None) -> list:
-    """The first `limit` prompts of the prompt set `name` (see PROMPT_SETS): strings for raw
-    sets, message lists for chat sets. File sets are `prompts/<name>.jsonl`, one
+    """The first `limit` prompts of the prompt set `name` (see PROMPT_SETS; "A+B": A's, then B's):
+    strings for raw sets, message lists for chat sets. File sets are `prompts/<name>.jsonl`, one
     {"id", "prompt"} or {"id", "messages"} per line."""
-    if name not in PROMPT_SETS:
-        raise ValueError(f"unknown prompt set {name!r}: known sets are {', '.join(PROMPT_SETS)}")
+    parts = prompt_set_parts(name)
+    if len(parts) > 1:
+        out = []
+        for part in parts:
+            out += load_prompts(part, None if limit is None else limit - len(out))
+        return out[:limit]
     if name.startswith("humaneval"):
         probs = humaneval_problems()[:limit]
         if name == "humaneval-raw":

@@ -63,3 +63,27 @@ def test_from_tokens_resumes_a_stopped_taps_pass(tmp_path):
     assert (tmp_path / "b" / "meta.json").read_text() == meta
     with pytest.raises(ValueError, match="existing data was made with"):
         main(cmd[:-1] + ["1,3"])
+
+
+def test_more_data_on_top_of_a_token_file(tmp_path, capsys):
+    """`--from-tokens FILE --prompts A+B` (FILE answering A): the folder records the join, A's answers
+    keep their ids, and gen-data then answers B's prompts; any other set is refused, naming why."""
+    from vllm_specx.training.data import extension_refusal
+
+    _folder(tmp_path / "a", ROWS, prompts="chat-mix", stop_at_eos=True, limit=7150)
+    export_tokens(tmp_path / "a", tmp_path / "t.npz")
+    meta = import_tokens(tmp_path / "t.npz", tmp_path / "b", prompts="chat-mix+chat-mix2")
+    assert meta["prompts"] == "chat-mix+chat-mix2" and "limit" not in meta and meta["stop_at_eos"] is True
+    assert json.loads((tmp_path / "b" / "meta.json").read_text()) == meta
+    assert [json.loads(x) for x in (tmp_path / "b" / "tokens.jsonl").read_text().splitlines()] == ROWS
+    saved = {"prompts": "chat-mix"}
+    assert extension_refusal(saved, "chat-mix+chat-mix2") is None
+    for prompts, why in (("chat-mix2", "name that set, or a join that starts with it"),
+                         ("chat-mix2+chat-mix", "a join that starts with it"),
+                         ("chat-mix+humaneval", "only training sets"),
+                         ("chat-mix+nope", "unknown prompt set 'nope'")):
+        assert why in extension_refusal(saved, prompts), prompts
+    assert "spread" in extension_refusal({"prompts": "chat-mix", "spread": 100}, "chat-mix+chat-mix2")
+    with pytest.raises(SystemExit):
+        main(["--from-tokens", str(tmp_path / "t.npz"), "--prompts", "chat-mix2", "--out", str(tmp_path / "c")])
+    assert "--prompts chat-mix2 with --from-tokens" in capsys.readouterr().err

@@ -57,7 +57,7 @@ from vllm_specx.training.generate import (
     taps_via,
     write_taps,
 )
-from vllm_specx.training.prompts import read_prompts, select_prompts, trained_prompt_ids
+from vllm_specx.training.prompts import extension_refusal, read_prompts, select_prompts, trained_prompt_ids
 from vllm_specx.training.samples import (
     COMMANDS_FILE,
     EVALUATION,
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                          "enough to commit; --from-tokens rebuilds the folder from it")
     ap.add_argument("--from-tokens", metavar="FILE",
                     help="rebuild a data folder from an --export-tokens file (target, prompts and "
-                         "generation settings come from it), then store --taps for it")
+                         "generation settings come from it), then store --taps for it; with --prompts "
+                         "A+B (the file answering A), also answer B's prompts: more data on top")
     ap.add_argument("--out", help="the data folder (default: $VLLM_SPECX_CACHE/data/<target>-<prompts>, "
                                   "else ~/.cache/vllm-specx/data/<target>-<prompts>)")
     ap.add_argument("--batch", type=int, default=256,
@@ -152,11 +153,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.export_tokens and args.out and not (args.target or args.prompts):
         print(json.dumps(export_tokens(Path(args.out), Path(args.export_tokens))))
         return
+    extend = False  # --from-tokens FILE --prompts A+B: FILE's answers (to A), then B's answered here
     if args.from_tokens:
-        if args.target or args.prompts:
-            ap.error("--from-tokens takes the target and prompts from its file: drop --target/--prompts")
+        if args.target:
+            ap.error("--from-tokens takes the target from its file: drop --target")
         saved = token_file_meta(Path(args.from_tokens))
-        args.target, args.prompts = saved["target"], saved["prompts"]
+        if args.prompts and args.prompts != saved["prompts"]:
+            why = extension_refusal(saved, args.prompts)
+            if why:
+                ap.error(f"--prompts {args.prompts} with --from-tokens {args.from_tokens}: {why}")
+            extend = True
+        args.target, args.prompts = saved["target"], args.prompts or saved["prompts"]
     elif not (args.target and args.prompts):
         ap.error("--target and --prompts are required (or --from-tokens FILE)")
     out = Path(args.out) if args.out else default_out(args.target, args.prompts, cache_root())
@@ -164,9 +171,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(export_tokens(out, Path(args.export_tokens))))
         return
     if args.from_tokens:
-        import_tokens(Path(args.from_tokens), out)
-        args.taps_only = True
-        for k in ("max_tokens", "temperature", "limit", "spread"):
+        import_tokens(Path(args.from_tokens), out, prompts=args.prompts)
+        args.taps_only = not extend
+        for k in ("max_tokens", "temperature") + (() if extend else ("limit", "spread")):
             if k in saved:
                 setattr(args, k, saved[k])
         args.stop_at_eos = bool(saved.get("stop_at_eos"))

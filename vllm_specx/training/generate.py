@@ -139,8 +139,8 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
     try:
         for i in report.bar(iterable=range(0, len(rows), shard), desc="taps", unit="shard"):
             file = _shard_file(out, rows[i]["id"], i)
-            if file.exists():
-                continue
+            if file.exists() and _holds(file, rows[i:i + shard]):
+                continue  # done (a last shard written short, before more answers came, is made again)
             seqs = [torch.tensor(r["prompt_ids"] + r["output_ids"]) for r in rows[i:i + shard]]
             if via == "vllm":
                 if engine is None:
@@ -161,6 +161,16 @@ def write_taps(target: str, out: Path, layer_ids: tuple[int, ...], shard: int = 
     finally:
         if engine is not None:
             engine.close()
+
+
+def _holds(file: Path, rows) -> bool:
+    """Whether a stored shard holds every one of `rows` (gen-data resumed after it was written may
+    have appended answers to a shard that was the last, short one)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        keys = set(f.keys())
+    return all(f"ids_{r['id']}" in keys for r in rows)
 
 
 def _save_shard(file: Path, rows, seqs, taps, top_logp, top_ids) -> None:

@@ -9,16 +9,20 @@ from vllm_specx.training.samples import read_jsonl
 
 
 def read_prompts(spec: str, limit: int | None = None, evaluation: bool = False) -> list[dict]:
-    """[{"id", "prompt"}] from a prompt-set name (`vllm_specx.assets.PROMPT_SETS`; a chat set's
-    prompt is its message list) or a jsonl file with "id" and "prompt" or "messages".
+    """[{"id", "prompt"}] from a prompt-set name (`vllm_specx.assets.PROMPT_SETS`, or training sets
+    joined "A+B": `assets.prompt_set_parts`; a chat set's prompt is its message list) or a jsonl file with "id" and "prompt" or "messages".
 
     Refuses evaluation sets unless `evaluation` (gen-data --for-eval: data the trainer only
     measures on, never trains on): drafts are never trained on what they are measured on."""
     from vllm_specx import assets
 
-    if spec in assets.PROMPT_SETS:
-        if assets.PROMPT_SETS[spec][1] != "train" and not evaluation:
-            raise ValueError(f"--prompts {spec}: an evaluation set ({assets.PROMPT_SETS[spec][2]}); "
+    if spec.split("+")[0] in assets.PROMPT_SETS:
+        try:
+            _, role, what = assets.prompt_set(spec)
+        except ValueError as e:
+            raise ValueError(f"--prompts {spec}: {e}") from None
+        if role != "train" and not evaluation:
+            raise ValueError(f"--prompts {spec}: an evaluation set ({what}); "
                              "train on a training set: "
                              + ", ".join(n for n, v in assets.PROMPT_SETS.items() if v[1] == "train"))
         return [{"id": i, "prompt": p} for i, p in enumerate(assets.load_prompts(spec, limit))]
@@ -61,3 +65,21 @@ def trained_prompt_ids(record: dict) -> tuple[str, set[int]] | None:
     if not n:
         return None
     return spec, {p["id"] for p in select_prompts(spec, meta.get("limit"), meta.get("spread"))[:n]}
+
+
+def extension_refusal(saved: dict, prompts: str) -> str | None:
+    """Why a token file's answers (meta `saved`) cannot start data on the prompt set `prompts`, or
+    None: they can when `prompts` joins the file's whole set first ("A+B" after data on A: A's
+    prompts keep their ids, `assets.prompt_set_parts`)."""
+    from vllm_specx import assets
+
+    base = saved.get("prompts")
+    if not isinstance(base, str) or not prompts.startswith(base + "+"):
+        return f"the file answers {base!r}; name that set, or a join that starts with it ({base}+...)"
+    if saved.get("spread") is not None:
+        return f"the file answers a spread of {base!r} (--spread {saved['spread']}), not its first prompts"
+    try:
+        assets.prompt_set_parts(prompts)
+    except ValueError as e:
+        return str(e)
+    return None

@@ -35,14 +35,19 @@ def export_tokens(out: Path, file: Path) -> dict:
             "bytes": file.stat().st_size}
 
 
-def import_tokens(file: Path, out: Path) -> dict:
+def import_tokens(file: Path, out: Path, prompts: str | None = None) -> dict:
     """The data folder's tokens.jsonl and meta.json from an `export_tokens` file (the taps are
-    then made by `write_taps`); refused when `out` already holds other data. Returns the meta."""
+    then made by `write_taps`); refused when `out` already holds other data. `prompts`: a join
+    "A+B" the file's set A starts (`prompts.extension_refusal`), recorded as the folder's prompt set
+    (its other prompts then answered by gen-data). Returns the meta."""
     import numpy as np
 
     with np.load(file) as z:
         ids, plen, olen, sid = z["ids"].astype(np.int64), z["prompt_len"], z["output_len"], z["sample_id"]
         meta, commands = json.loads(str(z["meta"])), str(z["commands"])
+    if prompts is not None and prompts != meta.get("prompts"):
+        meta = {k: v for k, v in meta.items() if k not in ("limit", "spread")}
+        meta["prompts"] = prompts
     check_meta(out, meta, with_taps=False)  # a resumed taps pass: its taps are checked by gen-data
     have = {r["id"] for r in read_jsonl(out / "tokens.jsonl")}
     ends = np.cumsum(plen + olen)
