@@ -27,11 +27,10 @@ OUT="${OUT:-benchmarks/results/compute-curve-smollm2}"
 STAGES="${STAGES:-2200:dspark-stream-r96,eagle3,mtp-glm52,dspark-stream-r96-l4 4400@x2:eagle3,dspark-stream-r96}"
 say() { echo "[$(date '+%F %T')] compute_curve_cpu: $*"; }
 if [ "${1:-}" = "--status" ]; then
-  for d in smollm2-chat-mix eval-smollm2-humaneval eval-smollm2-chat-code eval-smollm2-chat-prose; do
-    echo "$d: $(ls "$D/$d" 2>/dev/null | grep -c . || true) files"
+  for d in smollm2-chat-mix eval-smollm2-humaneval eval-smollm2-chat-code eval-smollm2-chat-prose smollm2-chat-mix-x2; do
+    n=$(cat "$D/$d/tokens.jsonl" 2>/dev/null | grep -c . || true)
+    echo "$d: ${n:-0} answers, taps in $(ls "$D/$d/taps" 2>/dev/null | grep -c '\.safetensors$' || true) of $(( (${n:-0} + 31) / 32 )) shards"
   done
-  d2="$D/smollm2-chat-mix-x2"
-  echo "smollm2-chat-mix-x2: $(grep -c . "$d2/tokens.jsonl" 2>/dev/null || echo 0) answers, $(ls "$d2/taps" 2>/dev/null | grep -c . || true) taps shards"
   for s in $STAGES; do
     IFS=, read -ra ps <<< "${s#*:}"
     steps="${s%%:*}"; tag=""; [ "${steps#*@}" != "$steps" ] && tag="-${steps#*@}"; steps="${steps%%@*}"
