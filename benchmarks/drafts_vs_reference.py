@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from vllm_specx.testing.propose_probe import propose_probe  # noqa: E402
+from vllm_specx.testing.propose_probe import greedy_walk, propose_probe  # noqa: E402
 
 
 def record(args) -> None:
@@ -78,18 +78,9 @@ def compare(args) -> None:
             ids = torch.tensor([pid + out])
             with torch.no_grad():
                 taps = target_taps(target, ids, draft.cfg.target_layer_ids)[0].float()
-            pos, walk = 0, []
-            for drafts in r["passes"]:
-                d = drafts[0] if drafts and isinstance(drafts[0], list) else drafts
-                m = 0
-                while m < k and pos + 1 + m < len(out) and d[m] == out[pos + 1 + m]:
-                    m += 1
-                walk.append((pos, d, m))
-                pos += m + 1
-                if pos >= len(out):
-                    break
             # the request's last pass is left out: when its verification accepted past max_tokens,
             # the engine drafted from tokens the output was cut before (an anchor not in `out`)
+            walk = greedy_walk([d[0] if d and isinstance(d[0], list) else d for d in r["passes"]], out, k)
             for pos, d, m in walk[:-1]:
                 t = len(pid) + pos
                 ref = draft.greedy_drafts(taps[:t], out[pos], k, tokens=ids[0, :t])

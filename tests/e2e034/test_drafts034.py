@@ -14,7 +14,7 @@ Negative control: vLLM's own `_normalize_context_k` put back in the worker; the 
 import pytest
 from vllm import SamplingParams
 
-from vllm_specx.testing.propose_probe import propose_probe
+from vllm_specx.testing.propose_probe import greedy_walk, propose_probe
 
 from .. import helpers as T
 
@@ -30,23 +30,13 @@ def target():
 
 def _walk(llm, prompt: str, k: int) -> tuple[list[int], list[tuple[int, list[int]]]]:
     """Serve `prompt` alone; (prompt ids + output ids, [(anchor position, drafts)] of every pass but
-    the last, whose verification may have accepted past max_tokens: its anchor can lie beyond the
-    output)."""
+    the last, whose anchor can lie beyond the output: `greedy_walk`)."""
     llm.collective_rpc(propose_probe)
     o = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True), use_tqdm=False)[0]
-    seq, p, out = list(o.prompt_token_ids) + list(o.outputs[0].token_ids), len(o.prompt_token_ids), list(o.outputs[0].token_ids)
-    walk, pos = [], 0
-    for call in llm.collective_rpc(propose_probe)[0]:
-        d = call["drafts"][0]
-        assert len(d) == k, d
-        m = 0
-        while m < k and pos + 1 + m < len(out) and d[m] == out[pos + 1 + m]:
-            m += 1
-        walk.append((p + pos, d))
-        pos += m + 1
-        if pos >= len(out):
-            break
-    return seq, walk[:-1]
+    p, out = len(o.prompt_token_ids), list(o.outputs[0].token_ids)
+    passes = [call["drafts"][0] for call in llm.collective_rpc(propose_probe)[0]]
+    assert passes and all(len(d) == k for d in passes), passes
+    return list(o.prompt_token_ids) + out, [(p + pos, d) for pos, d, _ in greedy_walk(passes, out, k)[:-1]]
 
 
 def _mismatches(llm, target, draft, prompts, k: int) -> tuple[int, list]:

@@ -31,3 +31,20 @@ def propose_probe(worker) -> list[dict] | None:
     got = list(d._specx_probe)
     d._specx_probe.clear()
     return got
+
+
+def greedy_walk(passes: list[list[int]], out: list[int], k: int) -> list[tuple[int, list[int], int]]:
+    """One request served alone at T = 0: (position in `out` of the pass's anchor, its drafts, how
+    many of them the output accepted) for each recorded pass (`passes`: each pass's k drafts), up
+    to the pass that reached the output's end. That last pass's anchor may lie beyond `out` (its
+    verification may have accepted past max_tokens): compare drafts with a reference on the others."""
+    walk, pos = [], 0
+    for d in passes:
+        m = 0
+        while m < k and pos + 1 + m < len(out) and d[m] == out[pos + 1 + m]:
+            m += 1
+        walk.append((pos, d, m))
+        pos += m + 1
+        if pos >= len(out):
+            break
+    return walk
