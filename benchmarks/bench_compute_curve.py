@@ -32,6 +32,7 @@ committed-draft rows whose draft folder is re-evaluated (`--committed`) or repla
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -184,13 +185,19 @@ def with_earlier(args, rows: list[dict]) -> list[dict]:
 DRAFT_COST = Path(__file__).resolve().parent / "results" / "draft-cost-smollm2" / "results.json"
 
 
+@functools.cache
+def _draft_costs() -> dict:
+    """`bench_draft_cost.py`'s rows by name, read once ({} without that report)."""
+    return {r["name"]: r for r in json.loads(DRAFT_COST.read_text())["rows"]} if DRAFT_COST.is_file() else {}
+
+
 def draft_cost(provider: str) -> tuple[float, float] | None:
     """(draft ms per pass at batch 1, at batch 16) of the provider's architecture, from
     `bench_draft_cost.py`'s report (a draft's cost depends on its architecture, not its training),
     or None when that report has no such row."""
-    if not DRAFT_COST.is_file() or provider not in ALL_PROVIDERS:
+    costs = _draft_costs()
+    if not costs or provider not in ALL_PROVIDERS:
         return None
-    costs = {r["name"]: r for r in json.loads(DRAFT_COST.read_text())["rows"]}
     flags = ALL_PROVIDERS[provider]
     method = flags[flags.index("--method") + 1]
     name = f"{method}-L{flags[flags.index('--layers') + 1]}" if "--layers" in flags else method
@@ -213,7 +220,7 @@ def table(rows: list[dict], sets: list[str], ts: list[dict]) -> str:
                           for s in sets)
         tf = r["eval"].get(sets[0], {}).get("tau_teacher_forced")
         cost = draft_cost(r["provider"])
-        data = f"{r['data_samples']:,} answers" if r.get("data_samples") else "-"
+        data = data_cell(r)
         lines.append(f"| {r['provider']}{' (committed draft)' if r.get('committed_draft') else ''} | {r['steps']} × {r['batch']} | {r['sample_draws']:,} | {data} | "
                      f"{r['draft_vocab'] or 'full'} | {taus} | "
                      f"{tf if tf is not None else '-'} | {r['val_tau_greedy']} | "
@@ -226,6 +233,11 @@ def table(rows: list[dict], sets: list[str], ts: list[dict]) -> str:
         lines += ["", "Draft ms / pass: time in the drafter's `propose` per target pass in vLLM's CPU engine, K = 7 "
                   "(benchmarks/results/draft-cost-smollm2; it depends on the architecture, not the budget)."]
     return "\n".join(lines)
+
+
+def data_cell(r: dict) -> str:
+    """A row's training data as the report's tables give it."""
+    return f"{r['data_samples']:,} answers" if r.get("data_samples") else "-"
 
 
 def overfit_table(rows: list[dict]) -> list[str]:
@@ -242,7 +254,7 @@ def overfit_table(rows: list[dict]) -> list[str]:
     for r in runs:
         pts = [x for x in r["losses"] if x[0]][-4:]
         rose = any(b[2] > a[2] for a, b in zip(pts, pts[1:]))
-        data = f"{r['data_samples']:,} answers" if r.get("data_samples") else "-"
+        data = data_cell(r)
         cells = [f"{v:.3f} / {t:.3f}" if t is not None else f"{v:.3f}" for _, t, v in pts]
         lines.append(f"| {r['provider']} | {r['sample_draws']:,} | {data} | " + " | ".join(cells + ["-"] * (4 - len(cells)))
                      + f" | {'yes' if rose else 'no'} |")
